@@ -1,0 +1,82 @@
+// tensorplay/detail/device.hpp: current-device queries and a guard that switches device only when needed.
+#pragma once
+
+#include <tensorplay/error.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <source_location>
+#include <string>
+
+namespace tensorplay::detail {
+
+//! Devices beyond this index are refused: per-thread tables are fixed arrays of this size.
+inline constexpr int max_devices = 64;
+
+inline int current_device(const std::source_location& where) {
+  int device = 0;
+  TENSORPLAY_CHECK(cudaGetDevice(&device), where);
+  if (device < 0 || device >= max_devices) [[unlikely]]
+    throw_usage("device " + std::to_string(device) + " is beyond the supported " + std::to_string(max_devices));
+  return device;
+}
+
+//! Number of usable devices; 0 when the runtime reports any error (no driver, no GPU).
+inline int device_count() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+//! The device a stream belongs to. The legacy and per-thread default streams belong to the
+//! current device.
+inline int stream_device(cudaStream_t stream, const std::source_location& where) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
+    return current_device(where);
+#if CUDART_VERSION >= 12080
+  int device = 0;
+  TENSORPLAY_CHECK(cudaStreamGetDevice(stream, &device), where);
+  return device;
+#else
+  return current_device(where);
+#endif
+}
+
+//! Makes `device` current for its lifetime; restores the previous device only if it switched.
+class DeviceGuard {
+ public:
+  DeviceGuard(int device, const std::source_location& where) {
+    const int current = current_device(where);
+    if (current != device) {
+      TENSORPLAY_CHECK(cudaSetDevice(device), where);
+      previous_ = current;
+    }
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  ~DeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+//! Runs `cudaMalloc`-like calls without disturbing a capture that another stream has open:
+//! switches this thread to relaxed capture mode for its lifetime (gpu.md: global and
+//! thread_local captures refuse cudaMalloc from the capturing thread, global ones from any).
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() noexcept { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+  ~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+}  // namespace tensorplay::detail

@@ -1,0 +1,80 @@
+// tensorplay/error.hpp: the two exception types and the one helper every CUDA call goes through.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <source_location>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace tensorplay {
+
+//! A CUDA runtime call failed.
+//!
+//! `what()` names the call, the CUDA error (name and description) and the file:line of the
+//! code that asked tensorplay to do the work: the caller, never a line inside tensorplay.
+//! Example: `cudaGraphLaunch failed: cudaErrorInvalidValue (invalid argument) at main.cu:42`.
+class cuda_error : public std::runtime_error {
+ public:
+  cuda_error(cudaError_t status, std::string_view call, std::source_location where)
+      : std::runtime_error(describe(status, call, where)), status_(status), where_(where) {}
+
+  //! The status the failing call returned.
+  [[nodiscard]] cudaError_t status() const noexcept { return status_; }
+  //! Where the caller asked for the failing work.
+  [[nodiscard]] const std::source_location& where() const noexcept { return where_; }
+
+ private:
+  static std::string describe(cudaError_t status, std::string_view call, std::source_location where) {
+    std::string text(call);
+    text += " failed: ";
+    text += cudaGetErrorName(status);
+    text += " (";
+    text += cudaGetErrorString(status);
+    text += ")";
+    if (means_no_device(status)) text += "; no usable CUDA device (is a GPU present and its driver loaded?)";
+    text += " at ";
+    text += where.file_name();
+    text += ':';
+    text += std::to_string(where.line());
+    return text;
+  }
+
+  // Statuses with which the runtime says, in its own words, that there is no GPU to run on.
+  static constexpr bool means_no_device(cudaError_t status) noexcept {
+    return status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver ||
+           status == cudaErrorDevicesUnavailable || status == cudaErrorInvalidDevice ||
+           status == cudaErrorSystemDriverMismatch || status == cudaErrorCompatNotSupportedOnDevice;
+  }
+
+  cudaError_t status_;
+  std::source_location where_;
+};
+
+//! The API was misused: wrong state (replay before capture, end without begin) or a bad
+//! argument (a predicate with two elements). The object stays usable after it is thrown.
+class usage_error : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+namespace detail {
+
+//! Throws `cuda_error` when `status` is not cudaSuccess. Clears the runtime's last-error
+//! state first, so the failure does not resurface from an unrelated later call.
+inline void check(cudaError_t status, const char* call, const std::source_location& where) {
+  if (status != cudaSuccess) [[unlikely]] {
+    (void)cudaGetLastError();
+    throw cuda_error(status, call, where);
+  }
+}
+
+[[noreturn]] inline void throw_usage(std::string message) { throw usage_error("tensorplay: " + message); }
+
+}  // namespace detail
+}  // namespace tensorplay
+
+//! Runs a CUDA runtime call and throws `cuda_error` naming it and `where` when it fails.
+//! `where` is the std::source_location of the user's call into tensorplay.
+#define TENSORPLAY_CHECK(call, where) ::tensorplay::detail::check((call), #call, (where))

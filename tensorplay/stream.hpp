@@ -1,0 +1,171 @@
+// tensorplay/stream.hpp: StreamRef, Stream, and the per-thread, per-device current stream.
+#pragma once
+
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/error.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <source_location>
+#include <utility>
+
+namespace tensorplay {
+
+//! A non-owning stream handle. Converts implicitly from and to `cudaStream_t`.
+//!
+//! A default-constructed StreamRef names the legacy default stream (handle 0). Construction
+//! from `int` or `nullptr` is deleted so that `replay(0)` cannot pick a stream by accident:
+//! write `StreamRef{}` or `cudaStreamLegacy` for the legacy default stream.
+class StreamRef {
+ public:
+  constexpr StreamRef() noexcept = default;
+  constexpr StreamRef(cudaStream_t stream) noexcept : stream_(stream) {}  // NOLINT: implicit by design
+  StreamRef(int) = delete;
+  StreamRef(std::nullptr_t) = delete;
+
+  [[nodiscard]] constexpr cudaStream_t get() const noexcept { return stream_; }
+  constexpr operator cudaStream_t() const noexcept { return stream_; }  // NOLINT: implicit by design
+
+  //! True for the legacy default stream, which can never be captured.
+  [[nodiscard]] constexpr bool is_legacy_default() const noexcept {
+    return stream_ == nullptr || stream_ == cudaStreamLegacy;
+  }
+
+  //! The device this stream belongs to (the current device for the default streams).
+  [[nodiscard]] int device(std::source_location where = std::source_location::current()) const {
+    return detail::stream_device(stream_, where);
+  }
+
+  //! True while work issued to this stream is being captured into a graph.
+  [[nodiscard]] bool is_capturing(std::source_location where = std::source_location::current()) const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    TENSORPLAY_CHECK(cudaStreamIsCapturing(stream_, &status), where);
+    return status != cudaStreamCaptureStatusNone;
+  }
+
+  //! Blocks the host until all work issued to this stream has completed.
+  void synchronize(std::source_location where = std::source_location::current()) const {
+    TENSORPLAY_CHECK(cudaStreamSynchronize(stream_), where);
+  }
+
+  friend constexpr bool operator==(StreamRef, StreamRef) noexcept = default;
+
+ protected:
+  cudaStream_t stream_ = nullptr;
+};
+
+//! An owning, non-blocking stream. Move-only; destroying it never waits for its work.
+//!
+//! Without a usable GPU the constructor throws `cuda_error`, whose message says so.
+class Stream : public StreamRef {
+ public:
+  //! A new non-blocking stream on the current device.
+  explicit Stream(std::source_location where = std::source_location::current())
+      : Stream(detail::current_device(where), where) {}
+
+  //! A new non-blocking stream on `device`. The current device is left unchanged.
+  explicit Stream(int device, std::source_location where = std::source_location::current()) : device_(device) {
+    detail::DeviceGuard guard(device, where);
+    TENSORPLAY_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), where);
+  }
+
+  Stream(Stream&& other) noexcept : StreamRef(std::exchange(other.stream_, nullptr)), device_(other.device_) {}
+  Stream& operator=(Stream&& other) noexcept {
+    Stream moved(std::move(other));
+    std::swap(stream_, moved.stream_);
+    std::swap(device_, moved.device_);
+    return *this;
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream() { reset(); }
+
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+  //! Gives up ownership: the caller must destroy the returned handle.
+  [[nodiscard]] cudaStream_t release() noexcept { return std::exchange(stream_, nullptr); }
+
+  //! Destroys the stream now (work already issued still completes).
+  void reset() noexcept {
+    if (stream_ != nullptr) (void)cudaStreamDestroy(std::exchange(stream_, nullptr));
+  }
+
+ private:
+  int device_ = 0;
+};
+
+namespace detail {
+
+//! This thread's streams, one slot per device. A null `current` slot means the legacy default stream.
+struct ThreadStreams {
+  std::array<cudaStream_t, max_devices> current{};
+  std::array<cudaStream_t, max_devices> side{};  // created on first capture from the default stream
+
+  ThreadStreams() = default;
+  ThreadStreams(const ThreadStreams&) = delete;
+  ThreadStreams& operator=(const ThreadStreams&) = delete;
+  ~ThreadStreams() {
+    for (cudaStream_t stream : side)
+      if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  }
+};
+
+inline ThreadStreams& thread_streams() noexcept {
+  thread_local ThreadStreams streams;
+  return streams;
+}
+
+inline void set_current_stream(int device, cudaStream_t stream) noexcept { thread_streams().current[device] = stream; }
+
+//! This thread's side stream on `device`: where captures go when the current stream is the
+//! legacy default stream, which cannot be captured.
+inline cudaStream_t side_stream(int device, const std::source_location& where) {
+  cudaStream_t& slot = thread_streams().side[device];
+  if (slot == nullptr) {
+    DeviceGuard guard(device, where);
+    RelaxedCaptureMode relaxed;  // creating a stream must not disturb a capture on another stream
+    TENSORPLAY_CHECK(cudaStreamCreateWithFlags(&slot, cudaStreamNonBlocking), where);
+  }
+  return slot;
+}
+
+}  // namespace detail
+
+//! This thread's current stream on the current device; the legacy default stream unless a
+//! StreamGuard or an open capture made another one current.
+[[nodiscard]] inline StreamRef current_stream(std::source_location where = std::source_location::current()) {
+  return detail::thread_streams().current[detail::current_device(where)];
+}
+
+//! This thread's current stream on `device`.
+[[nodiscard]] inline StreamRef current_stream(int device) noexcept { return detail::thread_streams().current[device]; }
+
+//! Makes `stream` (and its device) current for this thread; restores both on destruction.
+//!
+//!     tensorplay::Stream s;
+//!     { tensorplay::StreamGuard guard(s); launch_work(tensorplay::current_stream()); }  // runs on s
+class StreamGuard {
+ public:
+  explicit StreamGuard(StreamRef stream, std::source_location where = std::source_location::current())
+      : previous_device_(detail::current_device(where)),
+        device_(detail::stream_device(stream, where)),
+        previous_stream_(detail::thread_streams().current[device_]) {
+    if (device_ != previous_device_) TENSORPLAY_CHECK(cudaSetDevice(device_), where);
+    detail::set_current_stream(device_, stream);
+  }
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+  ~StreamGuard() {
+    detail::set_current_stream(device_, previous_stream_);
+    if (device_ != previous_device_) (void)cudaSetDevice(previous_device_);
+  }
+
+ private:
+  int previous_device_;
+  int device_;
+  cudaStream_t previous_stream_;
+};
+
+}  // namespace tensorplay
