@@ -1,0 +1,430 @@
+// tensorplay/detail/caching_allocator.hpp: PoolImpl, the caching device allocator behind Pool.
+//
+// A pool owns cudaMalloc'd segments and carves them into blocks (best fit, split, coalesce).
+// Its addresses never move, and its memory goes back to CUDA only when the pool dies, so an
+// address baked into a graph stays valid and exclusive for as long as the graph holds the pool.
+//
+// The delicate part is *when a freed block may be handed out again*. Each free block carries
+// a reuse key:
+//   - stream key (stream S, capture sequence Q): reusable by an allocation on S within the
+//     same sequence (Q = 0: outside any capture). Stream order makes that safe, both in eager
+//     execution and inside a captured graph, where stream order becomes graph edges.
+//   - settled: nothing issued or captured so far can still touch it (fresh memory, or every
+//     use has completed); reusable by any allocation on any stream. In a graph pool, blocks
+//     freed by a capture become settled when that capture ends: graphs that share a pool
+//     replay in capture order and never concurrently (the documented contract).
+//   - pending: eager uses may still be running; reuse waits for events recorded on every
+//     stream that used it (the allocation stream and those declared with record_use).
+//   - deferred: freed inside a capture after being used on another stream; not reusable
+//     until the capture ends.
+#pragma once
+
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/error.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <source_location>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+namespace tensorplay::detail {
+
+struct PendingUse {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;  // null until recorded (recording waits while the stream captures)
+};
+
+struct Block {
+  enum class State : std::uint8_t { Allocated, Free, Pending, Deferred };
+
+  char* ptr = nullptr;
+  std::size_t size = 0;
+  Block* prev = nullptr;  // neighbours inside one segment, in address order
+  Block* next = nullptr;
+  State state = State::Free;
+  bool settled = false;
+  cudaStream_t stream = nullptr;  // the allocation stream (free blocks: part of the reuse key)
+  CaptureSeq seq = 0;             // capture sequence of the allocation or of the free
+  std::vector<cudaStream_t> uses; // other streams that used the block (record_use)
+  std::vector<PendingUse> pending;
+};
+
+// Sizes: everything is rounded to 512 bytes (keeps 256-byte alignment, which CUDA's own
+// allocations give); small requests share 2 MiB segments, mid-size ones 20 MiB segments.
+inline constexpr std::size_t round_bytes = 512;
+inline constexpr std::size_t small_request = std::size_t{1} << 20;
+inline constexpr std::size_t small_segment = std::size_t{2} << 20;
+inline constexpr std::size_t mid_request = std::size_t{10} << 20;
+inline constexpr std::size_t mid_segment = std::size_t{20} << 20;
+
+constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
+
+constexpr std::size_t segment_size_for(std::size_t bytes) noexcept {
+  if (bytes <= small_request) return small_segment;
+  if (bytes < mid_request) return mid_segment;
+  return round_up(bytes, small_segment);
+}
+
+class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
+ public:
+  enum class Kind : std::uint8_t { Default, Graph };
+
+  PoolImpl(int device, std::uint64_t serial, Kind kind) noexcept : device_(device), serial_(serial), kind_(kind) {}
+  PoolImpl(const PoolImpl&) = delete;
+  PoolImpl& operator=(const PoolImpl&) = delete;
+
+  ~PoolImpl() {
+    std::vector<void*> segments;
+    for (Block* head : segments_) {
+      segments.push_back(head->ptr);
+      for (Block* b = head; b != nullptr;) delete std::exchange(b, b->next);
+    }
+    for (cudaEvent_t e : spare_events_) (void)cudaEventDestroy(e);
+    for (Block* b : pending_)
+      for (PendingUse& use : b->pending)
+        if (use.event != nullptr) (void)cudaEventDestroy(use.event);
+    CaptureRegistry::instance().release_segments(device_, segments);
+  }
+
+  [[nodiscard]] int device() const noexcept { return device_; }
+  [[nodiscard]] std::uint64_t serial() const noexcept { return serial_; }
+  [[nodiscard]] Kind kind() const noexcept { return kind_; }
+
+  [[nodiscard]] std::size_t reserved_bytes() const {
+    std::lock_guard lock(mutex_);
+    return reserved_;
+  }
+  [[nodiscard]] std::size_t allocated_bytes() const {
+    std::lock_guard lock(mutex_);
+    return allocated_;
+  }
+
+  //! A block of at least `bytes` for use on `stream`, within capture sequence `seq` (0: eager).
+  Block* allocate(std::size_t bytes, cudaStream_t stream, CaptureSeq seq, const std::source_location& where) {
+    const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), round_bytes);
+    std::lock_guard lock(mutex_);
+    if (!pending_.empty()) poll_pending();
+    Block* block = take_free(stream, seq, size);
+    if (block == nullptr) block = new_segment(size, where);
+    split(block, size);
+    block->state = Block::State::Allocated;
+    block->settled = false;
+    block->stream = stream;
+    block->seq = seq;
+    block->uses.clear();
+    allocated_ += block->size;
+    return block;
+  }
+
+  //! Gives `block` back. Never throws: it runs in destructors.
+  void free(Block* block) noexcept {
+    std::lock_guard lock(mutex_);
+    allocated_ -= block->size;
+    if (!capture_seqs_.empty()) {
+      const CaptureSeq seq = capture_seq_of(block->stream);
+      if (seq != 0 && std::find(capture_seqs_.begin(), capture_seqs_.end(), seq) != capture_seqs_.end()) {
+        if (block->uses.empty()) {
+          block->seq = seq;
+          insert_free(block);
+        } else {
+          block->state = Block::State::Deferred;  // used on another stream: wait for the capture's end
+          deferred_.push_back(block);
+        }
+        return;
+      }
+    }
+    if (kind_ == Kind::Default && block->uses.empty()) {
+      block->seq = 0;
+      insert_free(block);
+      return;
+    }
+    // Eager uses may still run on several streams (or, for a graph pool, the block will next
+    // go to whatever stream a later capture uses): wait until every use has completed.
+    block->state = Block::State::Pending;
+    block->pending.clear();
+    block->pending.push_back({block->stream, nullptr});
+    for (cudaStream_t s : block->uses) block->pending.push_back({s, nullptr});
+    for (PendingUse& use : block->pending) (void)try_record(use);  // now, while the streams surely exist
+    pending_.push_back(block);
+  }
+
+  //! Declares that `block` is used on `stream` too, besides its allocation stream.
+  void record_use(Block* block, cudaStream_t stream) {
+    std::lock_guard lock(mutex_);
+    if (stream == block->stream) return;
+    if (std::find(block->uses.begin(), block->uses.end(), stream) == block->uses.end()) block->uses.push_back(stream);
+  }
+
+  // ---- capture bookkeeping (graph pools) ------------------------------------------------
+
+  //! Marks the start of a capture into this pool. One capture at a time per pool.
+  [[nodiscard]] bool try_begin_capture(CaptureSeq seq) {
+    std::lock_guard lock(mutex_);
+    if (!capture_seqs_.empty()) return false;
+    capture_seqs_.push_back(seq);
+    return true;
+  }
+
+  //! A conditional body opened inside the capture: allocations on its stream use sequence `seq`.
+  void add_body_sequence(CaptureSeq seq) {
+    std::lock_guard lock(mutex_);
+    capture_seqs_.push_back(seq);
+  }
+
+  //! A body closed: everything it allocated now belongs to the parent stream and sequence,
+  //! because the body's conditional node completes before later work on the parent stream.
+  void end_body_sequence(CaptureSeq body_seq, cudaStream_t body_stream, CaptureSeq parent_seq,
+                         cudaStream_t parent_stream) noexcept {
+    std::lock_guard lock(mutex_);
+    for_each_block([&](Block* b) {
+      if (b->seq == body_seq && b->stream == body_stream) rekey(b, false, parent_stream, parent_seq);
+    });
+    coalesce();
+    std::erase(capture_seqs_, body_seq);
+  }
+
+  //! The capture ended (or was abandoned): every block it freed becomes reusable by later captures.
+  void end_capture() noexcept {
+    std::lock_guard lock(mutex_);
+    for_each_block([&](Block* b) {
+      if (b->state == Block::State::Free && b->seq != 0) rekey(b, true, nullptr, 0);
+    });
+    for (Block* b : deferred_) settle_and_insert(b);
+    coalesce();
+    deferred_.clear();
+    capture_seqs_.clear();
+  }
+
+ private:
+  static std::uintptr_t bits(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
+
+  struct FreeOrder {
+    static auto key(const Block* b) noexcept {
+      return std::make_tuple(b->settled, bits(b->stream), b->seq, b->size, bits(b->ptr));
+    }
+    bool operator()(const Block* a, const Block* b) const noexcept { return key(a) < key(b); }
+  };
+
+  template <class F>
+  void for_each_block(F&& f) {
+    for (Block* head : segments_)
+      for (Block* b = head; b != nullptr;) f(std::exchange(b, b->next));
+  }
+
+  static CaptureSeq capture_seq_of(cudaStream_t stream) noexcept {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CaptureSeq seq = 0;
+    if (cudaStreamGetCaptureInfo(stream, &status, &seq) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return status == cudaStreamCaptureStatusActive ? seq : 0;
+  }
+
+  Block* find(bool settled, cudaStream_t stream, CaptureSeq seq, std::size_t size) {
+    Block probe;
+    probe.settled = settled;
+    probe.stream = stream;
+    probe.seq = seq;
+    probe.size = size;
+    probe.ptr = nullptr;
+    auto it = free_.lower_bound(&probe);
+    if (it == free_.end()) return nullptr;
+    Block* b = *it;
+    if (b->settled != settled || b->stream != stream || b->seq != seq) return nullptr;
+    free_.erase(it);
+    return b;
+  }
+
+  Block* take_free(cudaStream_t stream, CaptureSeq seq, std::size_t size) {
+    if (Block* b = find(false, stream, seq, size)) return b;
+    return find(true, nullptr, 0, size);
+  }
+
+  Block* new_segment(std::size_t size, const std::source_location& where) {
+    const std::size_t bytes = segment_size_for(size);
+    void* ptr = nullptr;
+    {
+      DeviceGuard guard(device_, where);
+      RelaxedCaptureMode relaxed;  // a global-mode capture elsewhere must not be invalidated
+      cudaError_t status = cudaMalloc(&ptr, bytes);
+      if (status == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        CaptureRegistry::instance().drain();  // memory waiting for a capture to end may be free now
+        status = cudaMalloc(&ptr, bytes);
+      }
+      check(status, "cudaMalloc (tensorplay pool segment)", where);
+    }
+    auto* head = new Block;
+    head->ptr = static_cast<char*>(ptr);
+    head->size = bytes;
+    head->settled = true;  // fresh memory: no work uses it yet
+    segments_.push_back(head);
+    reserved_ += bytes;
+    return head;
+  }
+
+  void split(Block* block, std::size_t size) {
+    const std::size_t rest = block->size - size;
+    const bool worth = block->size <= small_segment ? rest >= round_bytes : rest > small_request;
+    if (!worth) return;
+    auto* tail = new Block;
+    tail->ptr = block->ptr + size;
+    tail->size = rest;
+    tail->prev = block;
+    tail->next = block->next;
+    if (block->next != nullptr) block->next->prev = tail;
+    block->next = tail;
+    block->size = size;
+    // The tail keeps the key the block was found under.
+    tail->settled = block->settled;
+    tail->stream = block->stream;
+    tail->seq = block->seq;
+    insert_free(tail);
+  }
+
+  static bool same_key(const Block* a, const Block* b) noexcept {
+    return a->settled == b->settled && a->stream == b->stream && a->seq == b->seq;
+  }
+
+  //! Changes a block's reuse key in place, without merging (safe while walking a segment).
+  void rekey(Block* b, bool settled, cudaStream_t stream, CaptureSeq seq) {
+    const bool is_free = b->state == Block::State::Free;
+    if (is_free) free_.erase(b);
+    b->settled = settled;
+    b->stream = stream;
+    b->seq = seq;
+    if (is_free) free_.insert(b);
+  }
+
+  //! Merges every run of adjacent free blocks that share a key.
+  void coalesce() {
+    for (Block* head : segments_) {
+      for (Block* b = head; b != nullptr && b->next != nullptr;) {
+        Block* n = b->next;
+        if (b->state == Block::State::Free && n->state == Block::State::Free && same_key(b, n)) {
+          free_.erase(b);
+          free_.erase(n);
+          b->size += n->size;
+          b->next = n->next;
+          if (n->next != nullptr) n->next->prev = b;
+          delete n;
+          free_.insert(b);
+        } else {
+          b = n;
+        }
+      }
+    }
+  }
+
+  //! Puts a block into the free set under its current key, merging with free neighbours of the same key.
+  void insert_free(Block* b) {
+    b->state = Block::State::Free;
+    b->uses.clear();
+    if (Block* p = b->prev; p != nullptr && p->state == Block::State::Free && same_key(p, b)) {
+      free_.erase(p);
+      p->size += b->size;
+      p->next = b->next;
+      if (b->next != nullptr) b->next->prev = p;
+      delete b;
+      b = p;
+    }
+    if (Block* n = b->next; n != nullptr && n->state == Block::State::Free && same_key(n, b)) {
+      free_.erase(n);
+      b->size += n->size;
+      b->next = n->next;
+      if (n->next != nullptr) n->next->prev = b;
+      delete n;
+    }
+    free_.insert(b);
+  }
+
+  //! Frees a block that nothing can touch any more: any stream may reuse it.
+  void settle_and_insert(Block* b) {
+    b->settled = true;
+    b->stream = nullptr;
+    b->seq = 0;
+    insert_free(b);
+  }
+
+  cudaEvent_t spare_event() {
+    if (!spare_events_.empty()) {
+      cudaEvent_t e = spare_events_.back();
+      spare_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    RelaxedCaptureMode relaxed;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return e;
+  }
+
+  //! Records the event of a pending use, unless its stream is being captured right now (then
+  //! a later poll records it: an event recorded later covers at least the same work).
+  bool try_record(PendingUse& use) noexcept {
+    if (use.event != nullptr) return true;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(use.stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    use.event = spare_event();
+    if (use.event == nullptr) return false;
+    if (cudaEventRecord(use.event, use.stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      spare_events_.push_back(std::exchange(use.event, nullptr));
+      return false;
+    }
+    return true;
+  }
+
+  //! Moves pending blocks whose uses have all completed into the free set.
+  void poll_pending() noexcept {
+    std::erase_if(pending_, [&](Block* b) {
+      bool done = true;
+      for (PendingUse& use : b->pending) {
+        if (!try_record(use)) {
+          done = false;
+          continue;
+        }
+        if (cudaEventQuery(use.event) != cudaSuccess) {
+          (void)cudaGetLastError();
+          done = false;
+        }
+      }
+      if (!done) return false;
+      for (PendingUse& use : b->pending) spare_events_.push_back(use.event);
+      b->pending.clear();
+      settle_and_insert(b);
+      return true;
+    });
+  }
+
+  const int device_;
+  const std::uint64_t serial_;
+  const Kind kind_;
+  mutable std::mutex mutex_;
+  std::vector<Block*> segments_;  // first block of each segment
+  std::set<Block*, FreeOrder> free_;
+  std::vector<Block*> pending_;
+  std::vector<Block*> deferred_;
+  std::vector<cudaEvent_t> spare_events_;
+  std::vector<CaptureSeq> capture_seqs_;  // the open capture's sequences: main first, then open bodies
+  std::size_t reserved_ = 0;
+  std::size_t allocated_ = 0;
+};
+
+}  // namespace tensorplay::detail
