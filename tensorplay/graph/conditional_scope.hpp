@@ -1,0 +1,74 @@
+// tensorplay/graph/conditional_scope.hpp: ConditionalScope, IfScope, WhileScope.
+#pragma once
+
+#include <tensorplay/graph/graph.hpp>
+#include <tensorplay/stream.hpp>
+#include <tensorplay/tensor.hpp>
+
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <source_location>
+
+namespace tensorplay {
+
+//! Opens a conditional body in its constructor and closes it in its destructor, also during
+//! stack unwinding. A WhileScope re-reads its predicate at the end of the body (when the scope
+//! ends normally), as while_ does.
+//!
+//!     { tensorplay::WhileScope loop(graph, not_converged);
+//!       iterate<<<blocks, threads, 0, loop.stream()>>>(x.data(), not_converged.data()); }
+//!
+//! A predicate tensor must outlive the scope; a device callable is copied.
+template <ConditionalKind K>
+class ConditionalScope {
+ public:
+  template <class P>
+    requires detail::Predicate<P>
+  ConditionalScope(Graph& graph, const P& pred, std::source_location where = std::source_location::current())
+      : graph_(&graph), uncaught_(std::uncaught_exceptions()), where_(where) {
+    if constexpr (K == ConditionalKind::If) {
+      graph.begin_capture_to_if_node(pred, where);
+    } else {
+      graph.begin_capture_to_while_node(pred, where);
+      if constexpr (ScalarPredicate<P>) {
+        refresh_ = [&graph, &pred, where] { graph.set_conditional_handle_for_current_node(pred, where); };
+      } else {
+        refresh_ = [&graph, pred, where] { graph.set_conditional_handle_for_current_node(pred, where); };
+      }
+    }
+    depth_ = graph.conditional_depth();
+    stream_ = graph.capture_stream();
+  }
+  ConditionalScope(const ConditionalScope&) = delete;
+  ConditionalScope& operator=(const ConditionalScope&) = delete;
+
+  ~ConditionalScope() {
+    const bool unwinding = std::uncaught_exceptions() > uncaught_;
+    try {
+      if (graph_->conditional_depth() < depth_) return;  // closed already: the capture was abandoned
+      while (graph_->conditional_depth() > depth_) graph_->end_capture_to_conditional_node(where_);  // left open inside
+      if (refresh_ && !unwinding) refresh_();
+      graph_->end_capture_to_conditional_node(where_);
+    } catch (...) {
+      // A destructor must not throw. A body that cannot be closed has abandoned the capture,
+      // and capture_end reports that.
+    }
+  }
+
+  //! The body's capture stream (also the current stream while the body is open).
+  [[nodiscard]] StreamRef stream() const noexcept { return stream_; }
+
+ private:
+  Graph* graph_;
+  int uncaught_;
+  std::source_location where_;
+  std::size_t depth_ = 0;
+  StreamRef stream_{};
+  std::function<void()> refresh_;
+};
+
+using IfScope = ConditionalScope<ConditionalKind::If>;
+using WhileScope = ConditionalScope<ConditionalKind::While>;
+
+}  // namespace tensorplay
