@@ -1,0 +1,63 @@
+// Soak test for tensorplay/pool.hpp: capture, replay and reset, many times, without growth.
+#include "support.hpp"
+
+#include <tensorplay/graph.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+namespace tp = tensorplay;
+
+namespace {
+std::size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t pages = 0;
+  std::size_t resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(pool_soak)
+
+TP_GPU_TEST(ten_thousand_capture_replay_reset_cycles_keep_device_memory_and_rss_flat) {
+  // TENSORPLAY_SOAK_CYCLES shortens the run under compute-sanitizer (its checks, not the count, matter there).
+  const long cycles = tp_test::env_or("TENSORPLAY_SOAK_CYCLES", 10000);
+  const long warmup = std::min<long>(100, cycles / 2);
+  tp::Stream stream;
+  const std::size_t n = 1 << 16;
+  tp::DeviceTensor<float> x(n, stream);
+  tp_test::fill(x.data(), n, 1.0f, stream);
+  tp::DeviceTensor<float> sink(n, stream);
+  tp::Graph graph;
+  std::size_t device_after_warmup = 0;
+  std::size_t rss_after_warmup = 0;
+  for (long cycle = 0; cycle < cycles; ++cycle) {
+    graph.capture([&](tp::StreamRef s) {
+      tp::DeviceTensor<float> temp(n, s);  // each capture needs its own pool memory
+      tp_test::affine(x.data(), temp.data(), n, 2.0f, 0.0f, s);
+      tp_test::affine(temp.data(), sink.data(), n, 1.0f, static_cast<float>(cycle % 7), s);
+    }, {.stream = stream});
+    graph.replay(stream);
+    graph.reset();
+    if (cycle % 1000 == 0) stream.synchronize();
+    if (cycle + 1 == warmup) {
+      stream.synchronize();
+      device_after_warmup = tp_test::device_bytes_in_use();
+      rss_after_warmup = resident_bytes();
+    }
+  }
+  stream.synchronize();
+  BOOST_TEST(sink.to_host(stream)[n - 1] == 2.0f + static_cast<float>((cycles - 1) % 7));
+  const std::size_t device_now = tp_test::device_bytes_in_use();
+  const std::size_t rss_now = resident_bytes();
+  BOOST_TEST_MESSAGE("cycles " << cycles << ": device in use " << device_after_warmup << " -> " << device_now
+                               << " bytes, RSS " << rss_after_warmup << " -> " << rss_now << " bytes");
+  BOOST_TEST(device_now <= device_after_warmup + device_after_warmup / 100);
+  BOOST_TEST(rss_now <= rss_after_warmup + rss_after_warmup / 100);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,111 @@
+// test/support.hpp: what the test files share: the GPU precondition and a few tiny kernels.
+#pragma once
+
+#include <tensorplay/graph.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace tp_test {
+
+inline int gpu_count() {
+  static const int count = tensorplay::detail::device_count();
+  return count;
+}
+
+//! Precondition for cases that need a GPU: without one Boost.Test reports them as skipped.
+struct NeedsGpus {
+  int count = 1;
+  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
+    boost::test_tools::assertion_result result(gpu_count() >= count);
+    if (!result) result.message() << "needs " << count << " GPU(s), found " << gpu_count();
+    return result;
+  }
+};
+
+//! Precondition for cases that check behaviour without a GPU.
+struct NeedsNoGpu {
+  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
+    boost::test_tools::assertion_result result(gpu_count() == 0);
+    if (!result) result.message() << "checks the no-GPU behaviour; a GPU is present";
+    return result;
+  }
+};
+
+//! A number from the environment (e.g. shorter soak runs under compute-sanitizer).
+inline long env_or(const char* name, long fallback) {
+  const char* text = std::getenv(name);
+  return text == nullptr ? fallback : std::strtol(text, nullptr, 10);
+}
+
+template <class T>
+__global__ void fill_kernel(T* out, std::size_t n, T value) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+    out[i] = value;
+}
+
+template <class T>
+__global__ void add_kernel(T* out, std::size_t n, T value) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+    out[i] += value;
+}
+
+//! out[i] = a * in[i] + b
+template <class T>
+__global__ void affine_kernel(const T* in, T* out, std::size_t n, T a, T b) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
+    out[i] = a * in[i] + b;
+}
+
+inline unsigned blocks_for(std::size_t n) { return static_cast<unsigned>(n / 256 + 1 < 1024 ? n / 256 + 1 : 1024); }
+
+template <class T>
+void fill(T* out, std::size_t n, T value, cudaStream_t stream) {
+  fill_kernel<<<blocks_for(n), 256, 0, stream>>>(out, n, value);
+  BOOST_REQUIRE_EQUAL(cudaGetLastError(), cudaSuccess);
+}
+
+template <class T>
+void add(T* out, std::size_t n, T value, cudaStream_t stream) {
+  add_kernel<<<blocks_for(n), 256, 0, stream>>>(out, n, value);
+  BOOST_REQUIRE_EQUAL(cudaGetLastError(), cudaSuccess);
+}
+
+template <class T>
+void affine(const T* in, T* out, std::size_t n, T a, T b, cudaStream_t stream) {
+  affine_kernel<<<blocks_for(n), 256, 0, stream>>>(in, out, n, a, b);
+  BOOST_REQUIRE_EQUAL(cudaGetLastError(), cudaSuccess);
+}
+
+//! True when `stream` is not being captured (what every misuse test checks afterwards).
+inline bool not_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+  return cudaStreamIsCapturing(stream, &status) == cudaSuccess && status == cudaStreamCaptureStatusNone;
+}
+
+//! Bytes of device memory in use on the current device.
+inline std::size_t device_bytes_in_use() {
+  std::size_t free = 0;
+  std::size_t total = 0;
+  BOOST_REQUIRE_EQUAL(cudaMemGetInfo(&free, &total), cudaSuccess);
+  return total - free;
+}
+
+template <class T>
+std::vector<T> host_copy(const T* device, std::size_t n, cudaStream_t stream) {
+  std::vector<T> out(n);
+  BOOST_REQUIRE_EQUAL(cudaMemcpyAsync(out.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  BOOST_REQUIRE_EQUAL(cudaStreamSynchronize(stream), cudaSuccess);
+  return out;
+}
+
+}  // namespace tp_test
+
+#define TP_GPU_TEST(name) BOOST_AUTO_TEST_CASE(name, *boost::unit_test::precondition(tp_test::NeedsGpus{1}))
+#define TP_GPUS_TEST(name, n) BOOST_AUTO_TEST_CASE(name, *boost::unit_test::precondition(tp_test::NeedsGpus{n}))
+#define TP_NO_GPU_TEST(name) BOOST_AUTO_TEST_CASE(name, *boost::unit_test::precondition(tp_test::NeedsNoGpu{}))
