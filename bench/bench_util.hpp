@@ -1,0 +1,127 @@
+// bench/bench_util.hpp: what the benchmarks share: timing helpers, a reporter that keeps the
+// median of every benchmark, and the ratio table each binary prints last.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+inline void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "%s failed: %s\n", what, cudaGetErrorString(status));
+    std::exit(2);
+  }
+}
+#define BENCH_CUDA(call) ::bench::check((call), #call)
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+//! Host time of `batch` calls of `submit`, per call, in seconds; the device catches up
+//! (untimed) afterwards, so the launch queue never fills.
+template <class F>
+double host_submit_seconds(int batch, cudaStream_t stream, F&& submit) {
+  const auto start = Clock::now();
+  for (int i = 0; i < batch; ++i) submit();
+  const double elapsed = seconds_since(start);
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  return elapsed / batch;
+}
+
+//! Device time between two events around `work`, in seconds.
+template <class F>
+double device_seconds(cudaStream_t stream, F&& work) {
+  cudaEvent_t begin = nullptr;
+  cudaEvent_t end = nullptr;
+  BENCH_CUDA(cudaEventCreate(&begin));
+  BENCH_CUDA(cudaEventCreate(&end));
+  BENCH_CUDA(cudaEventRecord(begin, stream));
+  work();
+  BENCH_CUDA(cudaEventRecord(end, stream));
+  BENCH_CUDA(cudaEventSynchronize(end));
+  float ms = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&ms, begin, end));
+  BENCH_CUDA(cudaEventDestroy(begin));
+  BENCH_CUDA(cudaEventDestroy(end));
+  return ms * 1e-3;
+}
+
+//! Keeps the median (microseconds) of every benchmark, by name without the "/manual_time" tail.
+class MedianReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) {
+      if (run.run_type != Run::RT_Aggregate || run.aggregate_name != "median") continue;
+      std::string name = run.run_name.str();
+      if (const auto cut = name.find("/manual_time"); cut != std::string::npos) name.erase(cut);
+      const double to_us = 1e6 / benchmark::GetTimeUnitMultiplier(run.time_unit);
+      medians[name] = run.GetAdjustedRealTime() * to_us;
+      for (const auto& [counter, value] : run.counters) counters[name + ":" + counter] = value;
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+  std::map<std::string, double> medians;
+  std::map<std::string, double> counters;
+};
+
+struct Row {
+  std::string what;
+  double value;
+  std::string unit;
+  std::string note;
+};
+
+inline void print_table(const char* title, const std::vector<Row>& rows) {
+  std::printf("\n== %s ==\n", title);
+  for (const Row& r : rows) std::printf("  %-58s %12.3f %-6s %s\n", r.what.c_str(), r.value, r.unit.c_str(), r.note.c_str());
+  std::fflush(stdout);
+}
+
+inline std::string verdict(double ratio, double limit, bool at_most = true) {
+  const bool ok = at_most ? ratio <= limit : ratio >= limit;
+  char text[64];
+  std::snprintf(text, sizeof text, "(target %s %.2fx: %s)", at_most ? "<=" : ">=", limit, ok ? "met" : "MISSED");
+  return text;
+}
+
+//! Runs every registered benchmark (median of repetitions, interleaved at random to spread
+//! drift evenly), then `summary` with the medians.
+inline int run_main(int argc, char** argv, const std::function<void(MedianReporter&)>& summary) {
+  std::vector<char*> args(argv, argv + argc);
+  std::string repetitions = "--benchmark_repetitions=12";
+  std::string interleave = "--benchmark_enable_random_interleaving=true";
+  std::string aggregates = "--benchmark_report_aggregates_only=true";
+  bool user_repetitions = false;
+  for (int i = 1; i < argc; ++i) user_repetitions |= std::string(argv[i]).starts_with("--benchmark_repetitions");
+  if (!user_repetitions) args.push_back(repetitions.data());
+  args.push_back(interleave.data());
+  args.push_back(aggregates.data());
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
+  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no GPU: nothing to measure\n");
+    return 0;
+  }
+  MedianReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  summary(reporter);
+  benchmark::Shutdown();
+  return 0;
+}
+
+}  // namespace bench
