@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -59,14 +60,71 @@ double device_seconds(cudaStream_t stream, F&& work) {
   return ms * 1e-3;
 }
 
-//! Keeps the median (microseconds) of every benchmark, by name without the "/manual_time" tail.
+//! One way of doing the thing a benchmark compares (a launch, a capture, a copy...).
+struct Variant {
+  std::string name;
+  std::function<void()> run;
+};
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t mid = v.size() / 2;
+  return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
+}
+
+//! Measures every variant in every iteration, in an order that rotates from one iteration to
+//! the next, so that drift (clocks, caches, the machine's other load) hits all of them alike.
+//! `measure(variant)` returns seconds. Each variant's median goes into the counter
+//! "<name>_us"; the benchmark's own (manual) time is that of the first variant.
+template <class Measure>
+void compare(benchmark::State& state, const std::vector<Variant>& variants, Measure&& measure) {
+  std::vector<std::vector<double>> seconds(variants.size());
+  std::size_t rotation = 0;
+  for (auto _ : state) {
+    double first = 0;
+    for (std::size_t k = 0; k < variants.size(); ++k) {
+      const std::size_t v = (k + rotation) % variants.size();
+      const double s = measure(variants[v]);
+      seconds[v].push_back(s);
+      if (v == 0) first = s;
+    }
+    ++rotation;
+    state.SetIterationTime(first);
+  }
+  for (std::size_t v = 0; v < variants.size(); ++v) state.counters[variants[v].name + "_us"] = median(seconds[v]) * 1e6;
+}
+
+//! compare() over host submit cost: each variant issues `batch` calls, timed on the host;
+//! the device catches up (untimed) before the next variant.
+inline void compare_submit(benchmark::State& state, int batch, const std::vector<Variant>& variants) {
+  compare(state, variants, [batch](const Variant& v) {
+    const auto start = Clock::now();
+    for (int i = 0; i < batch; ++i) v.run();
+    const double elapsed = seconds_since(start);
+    BENCH_CUDA(cudaDeviceSynchronize());
+    return elapsed / batch;
+  });
+}
+
+//! Keeps the median (microseconds) of every benchmark and of its counters, by name without
+//! Google Benchmark's "/iterations:N", "/repeats:N" and "/manual_time" parts.
 class MedianReporter : public benchmark::ConsoleReporter {
  public:
+  static std::string plain_name(std::string name) {
+    for (const char* part : {"/iterations:", "/repeats:", "/manual_time", "/real_time"}) {
+      for (auto at = name.find(part); at != std::string::npos; at = name.find(part)) {
+        const auto end = name.find('/', at + 1);
+        name.erase(at, end == std::string::npos ? std::string::npos : end - at);
+      }
+    }
+    return name;
+  }
+
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
       if (run.run_type != Run::RT_Aggregate || run.aggregate_name != "median") continue;
-      std::string name = run.run_name.str();
-      if (const auto cut = name.find("/manual_time"); cut != std::string::npos) name.erase(cut);
+      const std::string name = plain_name(run.run_name.str());
       const double to_us = 1e6 / benchmark::GetTimeUnitMultiplier(run.time_unit);
       medians[name] = run.GetAdjustedRealTime() * to_us;
       for (const auto& [counter, value] : run.counters) counters[name + ":" + counter] = value;

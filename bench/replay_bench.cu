@@ -24,6 +24,7 @@ struct Fixture {
   std::vector<int> sizes{1, 10, 100, 1000};
   std::vector<cudaGraphExec_t> raw;  // by size index
   std::vector<tp::Graph> ours;
+  double last = 0;  // seconds of the last timed capture
 
   Fixture() {
     BENCH_CUDA(cudaMemsetAsync(scalar.data(), 0, sizeof(float), stream));
@@ -59,65 +60,57 @@ Fixture& fixture() {
   return f;
 }
 
-void raw_launch(benchmark::State& state) {
+// Host submit cost of one launch: raw cudaGraphLaunch, Graph::replay(stream), Graph::replay().
+void launch(benchmark::State& state) {
   auto& f = fixture();
-  cudaGraphExec_t exec = f.raw[state.range(0)];
-  for (auto _ : state)
-    state.SetIterationTime(bench::host_submit_seconds(batch, f.stream, [&] { BENCH_CUDA(cudaGraphLaunch(exec, f.stream)); }));
-}
-
-void replay_stream(benchmark::State& state) {
-  auto& f = fixture();
-  tp::Graph& graph = f.ours[state.range(0)];
+  const auto i = static_cast<std::size_t>(state.range(0));
+  cudaGraphExec_t exec = f.raw[i];
+  tp::Graph& graph = f.ours[i];
   const tp::StreamRef stream = f.stream;
-  for (auto _ : state) state.SetIterationTime(bench::host_submit_seconds(batch, f.stream, [&] { graph.replay(stream); }));
+  tp::StreamGuard guard(f.stream);  // replay() finds this stream current
+  bench::compare_submit(state, batch,
+                        {{"raw", [&] { BENCH_CUDA(cudaGraphLaunch(exec, f.stream)); }},
+                         {"replay_stream", [&] { graph.replay(stream); }},
+                         {"replay_current", [&] { graph.replay(); }}});
 }
 
-void replay_current(benchmark::State& state) {
-  auto& f = fixture();
-  tp::Graph& graph = f.ours[state.range(0)];
-  tp::StreamGuard guard(f.stream);
-  for (auto _ : state) state.SetIterationTime(bench::host_submit_seconds(batch, f.stream, [&] { graph.replay(); }));
-}
-
-void raw_capture_instantiate(benchmark::State& state) {
+// Capture + instantiate, raw stream capture against Graph::capture. Destruction is not timed.
+void capture(benchmark::State& state) {
   auto& f = fixture();
   const int kernels = f.sizes[state.range(0)];
-  for (auto _ : state) {
-    const auto start = bench::Clock::now();
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    BENCH_CUDA(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeGlobal));
-    f.issue(kernels, f.stream);
-    BENCH_CUDA(cudaStreamEndCapture(f.stream, &graph));
-    BENCH_CUDA(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch));
-    state.SetIterationTime(bench::seconds_since(start));
-    BENCH_CUDA(cudaGraphExecDestroy(exec));
-    BENCH_CUDA(cudaGraphDestroy(graph));
-  }
-}
-
-void ours_capture_instantiate(benchmark::State& state) {
-  auto& f = fixture();
-  const int kernels = f.sizes[state.range(0)];
-  for (auto _ : state) {
-    tp::Graph graph;
-    const auto start = bench::Clock::now();
-    graph.capture([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
-    state.SetIterationTime(bench::seconds_since(start));
-  }  // destruction (exec, graph, pool) outside the timed region, as for raw
+  bench::compare(state,
+                 {{"raw",
+                   [&] {
+                     cudaGraph_t graph = nullptr;
+                     cudaGraphExec_t exec = nullptr;
+                     const auto start = bench::Clock::now();
+                     BENCH_CUDA(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeGlobal));
+                     f.issue(kernels, f.stream);
+                     BENCH_CUDA(cudaStreamEndCapture(f.stream, &graph));
+                     BENCH_CUDA(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch));
+                     f.last = bench::seconds_since(start);
+                     BENCH_CUDA(cudaGraphExecDestroy(exec));
+                     BENCH_CUDA(cudaGraphDestroy(graph));
+                   }},
+                  {"ours",
+                   [&] {
+                     tp::Graph graph;
+                     const auto start = bench::Clock::now();
+                     graph.capture([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
+                     f.last = bench::seconds_since(start);
+                   }}},
+                 [&](const bench::Variant& v) {
+                   v.run();
+                   return f.last;
+                 });
 }
 
 void register_all() {
   for (int i = 0; i < 4; ++i) {
     // Batches of the 1000-kernel graph take ~80 ms of device time to drain: fewer of them.
-    const int batches = i < 2 ? 200 : i == 2 ? 40 : 10;
-    benchmark::RegisterBenchmark("raw_cudaGraphLaunch", raw_launch)->Arg(i)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(batches);
-    benchmark::RegisterBenchmark("replay_stream", replay_stream)->Arg(i)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(batches);
-    benchmark::RegisterBenchmark("replay_current", replay_current)->Arg(i)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(batches);
-    const int iterations = i == 3 ? 20 : 200;
-    benchmark::RegisterBenchmark("raw_capture_instantiate", raw_capture_instantiate)->Arg(i)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(iterations);
-    benchmark::RegisterBenchmark("ours_capture_instantiate", ours_capture_instantiate)->Arg(i)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(iterations);
+    const int batches = i < 2 ? 100 : i == 2 ? 30 : 8;
+    benchmark::RegisterBenchmark("launch", launch)->Arg(i)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(batches);
+    benchmark::RegisterBenchmark("capture", capture)->Arg(i)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(i == 3 ? 10 : 100);
   }
 }
 
@@ -131,17 +124,20 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < f.sizes.size(); ++i) {
       const std::string arg = "/" + std::to_string(i);
       const std::string kernels = std::to_string(f.sizes[i]) + " kernel" + (f.sizes[i] == 1 ? "" : "s");
-      const double raw = r.medians["raw_cudaGraphLaunch" + arg];
-      const double stream = r.medians["replay_stream" + arg];
-      const double current = r.medians["replay_current" + arg];
-      const double raw_ci = r.medians["raw_capture_instantiate" + arg];
-      const double ours_ci = r.medians["ours_capture_instantiate" + arg];
-      rows.push_back({kernels + ": raw cudaGraphLaunch host submit", raw, "us", ""});
+      const double raw = r.counters["launch" + arg + ":raw_us"];
+      const double stream = r.counters["launch" + arg + ":replay_stream_us"];
+      const double current = r.counters["launch" + arg + ":replay_current_us"];
+      const double raw_ci = r.counters["capture" + arg + ":raw_us"];
+      const double ours_ci = r.counters["capture" + arg + ":ours_us"];
+      rows.push_back({kernels + ": raw cudaGraphLaunch, host submit", raw, "us", ""});
+      rows.push_back({kernels + ": Graph::replay(stream), host submit", stream, "us", ""});
+      rows.push_back({kernels + ": Graph::replay(), host submit", current, "us", ""});
       rows.push_back({kernels + ": replay(stream) / raw", stream / raw, "x", bench::verdict(stream / raw, 1.05)});
       rows.push_back({kernels + ": replay() / raw", current / raw, "x", bench::verdict(current / raw, 1.10)});
-      rows.push_back({kernels + ": raw capture+instantiate", raw_ci, "us", ""});
-      rows.push_back({kernels + ": ours capture+instantiate / raw", ours_ci / raw_ci, "x", bench::verdict(ours_ci / raw_ci, 1.05)});
+      rows.push_back({kernels + ": raw capture + instantiate", raw_ci, "us", ""});
+      rows.push_back({kernels + ": Graph::capture (+ instantiate)", ours_ci, "us", ""});
+      rows.push_back({kernels + ": capture+instantiate, ours / raw", ours_ci / raw_ci, "x", bench::verdict(ours_ci / raw_ci, 1.05)});
     }
-    bench::print_table("bench/replay (medians; ratios against raw CUDA in this run)", rows);
+    bench::print_table("bench/replay (medians of paired measurements; ratios against raw CUDA in this run)", rows);
   });
 }

@@ -1,5 +1,6 @@
-// bench/stage: host submit cost of stage_and_launch against a bare replay and the staging
-// designs it was chosen from; launch-to-completion; copy bandwidth at 4 x 64 MiB.
+// bench/stage: host submit cost of stage_and_launch against a bare replay and against the
+// staging designs it was chosen from; launch to completion; copy bandwidth at 4 x 64 MiB.
+// Every ratio comes from variants measured alternately in the same iterations.
 #include "bench_util.hpp"
 
 #include <tensorplay/graph.hpp>
@@ -17,32 +18,39 @@ namespace tp = tensorplay;
 
 namespace {
 
-__global__ void read_first(const float* in, float* out) { *out += *in; }
+// The captured work: one small kernel that reads every static buffer, so that the graph's
+// device time does not grow with the number of inputs.
+__global__ void read_all(const float* const* statics, int count, float* out) {
+  float sum = 0;
+  for (int k = 0; k < count; ++k) sum += statics[k][0];
+  *out = sum;
+}
 
 constexpr int batch = 64;
 
-//! N static buffers, N fresh inputs of `floats` elements each, and a graph that reads every
-//! static buffer (one small kernel each).
+//! N static buffers, N fresh inputs of `floats` elements each, and the graph.
 template <std::size_t N>
 struct Staged {
   tp::Stream stream;
   std::size_t floats;
   std::array<tp::DeviceTensor<float>, N> statics;
   std::array<tp::DeviceTensor<float>, N> inputs;
-  tp::DeviceTensor<float> out{N, stream};
+  tp::DeviceTensor<const float*> pointers{N, stream};
+  tp::DeviceTensor<float> out{1, stream};
   tp::Graph graph;
 
   explicit Staged(std::size_t n) : floats(n) {
+    std::vector<const float*> host(N);
     for (std::size_t k = 0; k < N; ++k) {
       statics[k] = tp::DeviceTensor<float>(n, stream);
       inputs[k] = tp::DeviceTensor<float>(n, stream);
       BENCH_CUDA(cudaMemsetAsync(statics[k].data(), 0, n * sizeof(float), stream));
       BENCH_CUDA(cudaMemsetAsync(inputs[k].data(), 0, n * sizeof(float), stream));
+      host[k] = statics[k].data();
     }
-    BENCH_CUDA(cudaMemsetAsync(out.data(), 0, N * sizeof(float), stream));
-    graph.capture([&](tp::StreamRef s) {
-      for (std::size_t k = 0; k < N; ++k) read_first<<<1, 1, 0, s>>>(statics[k].data(), out.data() + k);
-    }, {.stream = stream});
+    pointers.copy_from_host(host, stream);
+    graph.capture([&](tp::StreamRef s) { read_all<<<1, 1, 0, s>>>(pointers.data(), static_cast<int>(N), out.data()); },
+                  {.stream = stream});
     stage();  // compiles the staged executable once, outside any timing
     BENCH_CUDA(cudaStreamSynchronize(stream));
   }
@@ -52,6 +60,8 @@ struct Staged {
       graph.stage_and_launch(std::tie(statics[k]...), std::tie(inputs[k]...), stream);
     }(std::make_index_sequence<N>{});
   }
+
+  void bare() { graph.replay(stream); }
 
   void memcpy_loop() {
     for (std::size_t k = 0; k < N; ++k)
@@ -75,7 +85,7 @@ struct Staged {
     graph.replay(stream);
   }
 
-  // The candidate that launches the batched copy kernel on its own, then the graph.
+  // The candidate that launches the batched copy kernel on its own (table by value), then the graph.
   void separate_kernel() {
     tp::detail::CopyTable table;
     table.count = 0;
@@ -86,6 +96,14 @@ struct Staged {
     tp::detail::batched_copy_kernel<><<<blocks, tp::detail::copy_block_threads, 0, stream>>>(table);
     graph.replay(stream);
   }
+
+  std::vector<bench::Variant> designs() {
+    return {{"bare_replay", [this] { bare(); }},
+            {"stage_and_launch", [this] { stage(); }},
+            {"memcpy_loop", [this] { memcpy_loop(); }},
+            {"memcpy_batch", [this] { memcpy_batch(); }},
+            {"separate_kernel", [this] { separate_kernel(); }}};
+  }
 };
 
 template <std::size_t N>
@@ -94,113 +112,75 @@ Staged<N>& small() {  // 256 KiB inputs
   return s;
 }
 
-template <std::size_t N, class F>
-void submit(benchmark::State& state, F&& f) {
-  auto& s = small<N>();
-  for (auto _ : state) state.SetIterationTime(bench::host_submit_seconds(batch, s.stream, [&] { f(s); }));
-}
-
-template <std::size_t N>
-void bare_replay(benchmark::State& state) {
-  submit<N>(state, [](auto& s) { s.graph.replay(s.stream); });
-}
-template <std::size_t N>
-void stage_and_launch(benchmark::State& state) {
-  submit<N>(state, [](auto& s) { s.stage(); });
-}
-template <std::size_t N>
-void memcpy_loop(benchmark::State& state) {
-  submit<N>(state, [](auto& s) { s.memcpy_loop(); });
-}
-template <std::size_t N>
-void memcpy_batch(benchmark::State& state) {
-  submit<N>(state, [](auto& s) { s.memcpy_batch(); });
-}
-template <std::size_t N>
-void separate_kernel(benchmark::State& state) {
-  submit<N>(state, [](auto& s) { s.separate_kernel(); });
-}
-
-// Host time from submit to completion, one call at a time.
-template <class F>
-void to_completion(benchmark::State& state, F&& f) {
-  auto& s = small<4>();
-  for (auto _ : state) {
-    const auto start = bench::Clock::now();
-    f(s);
-    BENCH_CUDA(cudaStreamSynchronize(s.stream));
-    state.SetIterationTime(bench::seconds_since(start));
-  }
-}
-void completion_stage(benchmark::State& state) {
-  to_completion(state, [](auto& s) { s.stage(); });
-}
-void completion_memcpy_loop(benchmark::State& state) {
-  to_completion(state, [](auto& s) { s.memcpy_loop(); });
-}
-
 Staged<4>& large() {  // 64 MiB inputs
   static Staged<4> s(16 * 1024 * 1024);
   return s;
 }
-void bandwidth_stage(benchmark::State& state) {
-  auto& s = large();
-  for (auto _ : state) state.SetIterationTime(bench::device_seconds(s.stream, [&] { s.stage(); }));
-}
-void bandwidth_memcpy(benchmark::State& state) {
-  auto& s = large();
-  for (auto _ : state) state.SetIterationTime(bench::device_seconds(s.stream, [&] { s.memcpy_loop(); }));
+
+void submit4(benchmark::State& state) { bench::compare_submit(state, batch, small<4>().designs()); }
+void submit32(benchmark::State& state) { bench::compare_submit(state, batch, small<32>().designs()); }
+
+void scaling(benchmark::State& state) {
+  bench::compare_submit(state, batch,
+                        {{"stage4", [] { small<4>().stage(); }}, {"stage32", [] { small<32>().stage(); }}});
 }
 
-#define TP_SUBMIT(name) ->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(100)
+void completion(benchmark::State& state) {
+  auto& s = small<4>();
+  bench::compare(state, {{"stage_and_launch", [&] { s.stage(); }}, {"memcpy_loop", [&] { s.memcpy_loop(); }}},
+                 [&](const bench::Variant& v) {
+                   const auto start = bench::Clock::now();
+                   v.run();
+                   BENCH_CUDA(cudaStreamSynchronize(s.stream));
+                   return bench::seconds_since(start);
+                 });
+}
+
+void bandwidth(benchmark::State& state) {
+  auto& s = large();
+  bench::compare(state, {{"stage_and_launch", [&] { s.stage(); }}, {"memcpy_loop", [&] { s.memcpy_loop(); }}},
+                 [&](const bench::Variant& v) { return bench::device_seconds(s.stream, v.run); });
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::RegisterBenchmark("bare_replay/4", bare_replay<4>) TP_SUBMIT();
-  benchmark::RegisterBenchmark("stage_and_launch/4", stage_and_launch<4>) TP_SUBMIT();
-  benchmark::RegisterBenchmark("memcpy_loop/4", memcpy_loop<4>) TP_SUBMIT();
-  benchmark::RegisterBenchmark("memcpy_batch/4", memcpy_batch<4>) TP_SUBMIT();
-  benchmark::RegisterBenchmark("separate_kernel/4", separate_kernel<4>) TP_SUBMIT();
-  benchmark::RegisterBenchmark("bare_replay/32", bare_replay<32>) TP_SUBMIT();
-  benchmark::RegisterBenchmark("stage_and_launch/32", stage_and_launch<32>) TP_SUBMIT();
-  benchmark::RegisterBenchmark("memcpy_loop/32", memcpy_loop<32>) TP_SUBMIT();
-  benchmark::RegisterBenchmark("memcpy_batch/32", memcpy_batch<32>) TP_SUBMIT();
-  benchmark::RegisterBenchmark("separate_kernel/32", separate_kernel<32>) TP_SUBMIT();
-  benchmark::RegisterBenchmark("completion_stage/4", completion_stage) TP_SUBMIT();
-  benchmark::RegisterBenchmark("completion_memcpy_loop/4", completion_memcpy_loop) TP_SUBMIT();
-  benchmark::RegisterBenchmark("bandwidth_stage/4x64MiB", bandwidth_stage)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(20);
-  benchmark::RegisterBenchmark("bandwidth_memcpy/4x64MiB", bandwidth_memcpy)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(20);
+  benchmark::RegisterBenchmark("submit4", submit4)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(60);
+  benchmark::RegisterBenchmark("submit32", submit32)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(30);
+  benchmark::RegisterBenchmark("scaling", scaling)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(100);
+  benchmark::RegisterBenchmark("completion", completion)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(200);
+  benchmark::RegisterBenchmark("bandwidth", bandwidth)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(20);
   return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
-    auto m = [&](const char* name) { return r.medians[name]; };
+    auto c = [&](const std::string& key) { return r.counters[key]; };
     std::vector<bench::Row> rows;
-    const double bare4 = m("bare_replay/4");
-    const double stage4 = m("stage_and_launch/4");
-    const double stage32 = m("stage_and_launch/32");
-    rows.push_back({"bare replay(stream), host submit", bare4, "us", ""});
     for (const char* n : {"4", "32"}) {
-      const std::string suffix = std::string("/") + n;
-      rows.push_back({std::string(n) + " x 256 KiB: cudaMemcpyAsync loop + replay", m(("memcpy_loop" + suffix).c_str()), "us", ""});
-      rows.push_back({std::string(n) + " x 256 KiB: cudaMemcpyBatchAsync + replay", m(("memcpy_batch" + suffix).c_str()), "us", ""});
-      rows.push_back({std::string(n) + " x 256 KiB: separate batched copy kernel + replay", m(("separate_kernel" + suffix).c_str()), "us", ""});
-      rows.push_back({std::string(n) + " x 256 KiB: stage_and_launch (copy node in the graph)", m(("stage_and_launch" + suffix).c_str()), "us", ""});
+      const std::string g = std::string("submit") + n + ":";
+      const std::string label = std::string(n) + " x 256 KiB: ";
+      rows.push_back({label + "bare replay(stream), no staging", c(g + "bare_replay_us"), "us", ""});
+      rows.push_back({label + "cudaMemcpyAsync per input + replay", c(g + "memcpy_loop_us"), "us", ""});
+      rows.push_back({label + "cudaMemcpyBatchAsync + replay", c(g + "memcpy_batch_us"), "us", ""});
+      rows.push_back({label + "batched copy kernel launched alone + replay", c(g + "separate_kernel_us"), "us", ""});
+      rows.push_back({label + "stage_and_launch (copy node in the graph)", c(g + "stage_and_launch_us"), "us", ""});
     }
+    const double bare4 = c("submit4:bare_replay_us");
+    const double stage4 = c("submit4:stage_and_launch_us");
     rows.push_back({"4 inputs: stage_and_launch / bare replay", stage4 / bare4, "x", bench::verdict(stage4 / bare4, 2.5)});
-    rows.push_back({"4 inputs: cudaMemcpyAsync loop / stage_and_launch", m("memcpy_loop/4") / stage4, "x",
-                    bench::verdict(m("memcpy_loop/4") / stage4, 5.0, false)});
-    rows.push_back({"32 inputs / 4 inputs, stage_and_launch", stage32 / stage4, "x", bench::verdict(stage32 / stage4, 1.5)});
-    const double done_stage = m("completion_stage/4");
-    const double done_loop = m("completion_memcpy_loop/4");
+    rows.push_back({"4 inputs: cudaMemcpyAsync loop / stage_and_launch", c("submit4:memcpy_loop_us") / stage4, "x",
+                    bench::verdict(c("submit4:memcpy_loop_us") / stage4, 5.0, false)});
+    const double scale = c("scaling:stage32_us") / c("scaling:stage4_us");
+    rows.push_back({"stage_and_launch, 32 inputs / 4 inputs (paired)", scale, "x", bench::verdict(scale, 1.5)});
+    const double done_stage = c("completion:stage_and_launch_us");
+    const double done_loop = c("completion:memcpy_loop_us");
     rows.push_back({"4 inputs, launch to completion: stage_and_launch", done_stage, "us", ""});
     rows.push_back({"4 inputs, launch to completion: cudaMemcpyAsync loop", done_loop, "us", ""});
     rows.push_back({"launch to completion, stage / loop", done_stage / done_loop, "x", bench::verdict(done_stage / done_loop, 1.0)});
     const double bytes = 2.0 * 4 * 64 * 1024 * 1024;  // read + written
-    const double bw_stage = bytes / (m("bandwidth_stage/4x64MiB") * 1e-6) / 1e9;
-    const double bw_memcpy = bytes / (m("bandwidth_memcpy/4x64MiB") * 1e-6) / 1e9;
-    rows.push_back({"4 x 64 MiB: cudaMemcpyAsync D2D, GB/s (read + written)", bw_memcpy, "GB/s", ""});
+    const double bw_stage = bytes / (c("bandwidth:stage_and_launch_us") * 1e-6) / 1e9;
+    const double bw_memcpy = bytes / (c("bandwidth:memcpy_loop_us") * 1e-6) / 1e9;
+    rows.push_back({"4 x 64 MiB: cudaMemcpyAsync D2D + replay, GB/s (read + written)", bw_memcpy, "GB/s", ""});
     rows.push_back({"4 x 64 MiB: stage_and_launch, GB/s (read + written)", bw_stage, "GB/s", ""});
     rows.push_back({"4 x 64 MiB: stage_and_launch / cudaMemcpyAsync bandwidth", bw_stage / bw_memcpy, "x",
                     bench::verdict(bw_stage / bw_memcpy, 0.90, false)});
-    bench::print_table("bench/stage (medians; ratios in this run; PyTorch in bench/peers/torch_stage.py)", rows);
+    bench::print_table("bench/stage (medians of paired measurements; PyTorch: bench/peers/torch_stage.py)", rows);
   });
 }

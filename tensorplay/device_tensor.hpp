@@ -41,15 +41,14 @@ class DeviceTensor {
   explicit DeviceTensor(std::size_t n, std::source_location where = std::source_location::current())
       : size_(n) {
     if (n == 0) return;
-    const int device = detail::current_device(where);
-    block_ = detail::PoolBlock(n * sizeof(T), current_stream(device), device, where);
+    block_ = detail::PoolBlock::on_current_stream(n * sizeof(T), where);
   }
 
   //! `n` uninitialised elements, allocated for use on `stream`.
   DeviceTensor(std::size_t n, StreamRef stream, std::source_location where = std::source_location::current())
       : size_(n) {
     if (n == 0) return;
-    block_ = detail::PoolBlock(n * sizeof(T), stream, detail::stream_device(stream, where), where);
+    block_ = detail::PoolBlock::on_stream(n * sizeof(T), stream, where);
   }
 
   DeviceTensor(DeviceTensor&& other) noexcept : block_(std::move(other.block_)), size_(std::exchange(other.size_, 0)) {}

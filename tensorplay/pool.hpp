@@ -109,7 +109,11 @@ struct Route {
   CaptureSeq seq;
 };
 
-inline Route route_allocation(cudaStream_t stream, int device, const std::source_location& where) {
+//! `device_of()` is asked only when the default pool is the answer: the device of a
+//! capturing stream is the capture's (and CUDA will not tell it while the stream captures).
+template <class DeviceOf>
+Route route_allocation(cudaStream_t stream, DeviceOf&& device_of, const std::source_location& where) {
+  (void)where;
   auto& registry = CaptureRegistry::instance();
   if (registry.any_open()) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -125,18 +129,30 @@ inline Route route_allocation(cudaStream_t stream, int device, const std::source
           "with Graph::capture_begin so that the memory comes from the graph's pool");
     }
   }
-  return {PoolDirectory::instance().default_pool(device).get(), 0};
+  return {PoolDirectory::instance().default_pool(device_of()).get(), 0};
 }
 
 //! One allocation: keeps its pool alive, gives the block back on destruction.
 class PoolBlock {
  public:
   PoolBlock() noexcept = default;
-  PoolBlock(std::size_t bytes, cudaStream_t stream, int device, const std::source_location& where) {
-    const Route route = route_allocation(stream, device, where);
+  template <class DeviceOf>
+  PoolBlock(std::size_t bytes, cudaStream_t stream, DeviceOf&& device_of, const std::source_location& where) {
+    const Route route = route_allocation(stream, device_of, where);
     block_ = route.pool->allocate(bytes, stream, route.seq, where);
     pool_ = route.pool->shared_from_this();
   }
+  //! For use on this thread's current stream of the current device.
+  static PoolBlock on_current_stream(std::size_t bytes, const std::source_location& where) {
+    const int device = current_device(where);
+    return PoolBlock(bytes, thread_streams().current[device], [device] { return device; }, where);
+  }
+
+  //! For use on `stream`.
+  static PoolBlock on_stream(std::size_t bytes, cudaStream_t stream, const std::source_location& where) {
+    return PoolBlock(bytes, stream, [&] { return stream_device(stream, where); }, where);
+  }
+
   PoolBlock(PoolBlock&& other) noexcept
       : pool_(std::move(other.pool_)), block_(std::exchange(other.block_, nullptr)) {}
   PoolBlock& operator=(PoolBlock&& other) noexcept {
@@ -291,16 +307,8 @@ class PoolAllocator {
 
   [[nodiscard]] pointer allocate(std::size_t n) {
     const auto where = std::source_location::current();
-    int device = 0;
-    cudaStream_t stream = nullptr;
-    if (has_stream_) {
-      stream = stream_;
-      device = detail::stream_device(stream, where);
-    } else {
-      device = detail::current_device(where);
-      stream = current_stream(device);
-    }
-    detail::PoolBlock block(n * sizeof(T), stream, device, where);
+    detail::PoolBlock block = has_stream_ ? detail::PoolBlock::on_stream(n * sizeof(T), stream_, where)
+                                          : detail::PoolBlock::on_current_stream(n * sizeof(T), where);
     T* ptr = static_cast<T*>(block.ptr());
     detail::AllocatorTable::instance().insert(std::move(block));
     return pointer(ptr);

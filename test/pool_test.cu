@@ -191,13 +191,17 @@ TP_GPU_TEST(eager_block_used_on_another_stream_waits_for_that_use) {
     tp::DeviceTensor<float> t(1 << 20, a);
     first = t.data();
     t.record_stream(b);
-    // b is busy for a while with work that reads t.
-    for (int i = 0; i < 50; ++i) tp_test::add(t.data(), t.size(), 1.0f, b);
+    // b is busy for 200 ms, then uses t.
+    tp_test::spin_kernel<<<1, 1, 0, b>>>(200'000'000);
+    tp_test::add(t.data(), t.size(), 1.0f, b);
   }
   // Allocating on `a` right away must not get the block b may still be using...
   tp::DeviceTensor<float> u(1 << 20, a);
   const bool reused_early = u.data() == first;
+  const bool b_still_busy = cudaStreamQuery(b) == cudaErrorNotReady;
+  (void)cudaGetLastError();
   b.synchronize();
+  BOOST_REQUIRE(b_still_busy);  // otherwise the check below proves nothing
   BOOST_TEST(!reused_early);
 }
 

@@ -62,6 +62,11 @@ __global__ void affine_kernel(const T* in, T* out, std::size_t n, T a, T b) {
     out[i] = a * in[i] + b;
 }
 
+//! Keeps a stream busy for about `nanoseconds`.
+__global__ inline void spin_kernel(long long nanoseconds) {
+  for (long long waited = 0; waited < nanoseconds; waited += 1000) __nanosleep(1000);
+}
+
 inline unsigned blocks_for(std::size_t n) { return static_cast<unsigned>(n / 256 + 1 < 1024 ? n / 256 + 1 : 1024); }
 
 template <class T>

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <source_location>
 #include <tuple>
@@ -75,11 +76,40 @@ constexpr std::size_t segment_size_for(std::size_t bytes) noexcept {
   return round_up(bytes, small_segment);
 }
 
+//! Where a pool's memory comes from and how it learns what a stream is capturing. The CUDA
+//! backend is the only one the library uses; tests substitute host memory to check the
+//! block bookkeeping without a GPU.
+struct AllocatorBackend {
+  cudaError_t (*allocate)(void** ptr, std::size_t bytes);  // called on the pool's device
+  void (*release)(int device, const std::vector<void*>& segments);
+  CaptureSeq (*capture_seq)(cudaStream_t stream);  // 0 when the stream is not capturing
+};
+
+inline CaptureSeq cuda_capture_seq(cudaStream_t stream) noexcept {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CaptureSeq seq = 0;
+  if (cudaStreamGetCaptureInfo(stream, &status, &seq) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return status == cudaStreamCaptureStatusActive ? seq : 0;
+}
+
+inline const AllocatorBackend cuda_backend{
+    [](void** ptr, std::size_t bytes) {
+      RelaxedCaptureMode relaxed;  // a global-mode capture elsewhere must not be invalidated
+      return cudaMalloc(ptr, bytes);
+    },
+    [](int device, const std::vector<void*>& segments) { CaptureRegistry::instance().release_segments(device, segments); },
+    &cuda_capture_seq,
+};
+
 class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
  public:
   enum class Kind : std::uint8_t { Default, Graph };
 
-  PoolImpl(int device, std::uint64_t serial, Kind kind) noexcept : device_(device), serial_(serial), kind_(kind) {}
+  PoolImpl(int device, std::uint64_t serial, Kind kind, const AllocatorBackend& backend = cuda_backend) noexcept
+      : device_(device), serial_(serial), kind_(kind), backend_(&backend) {}
   PoolImpl(const PoolImpl&) = delete;
   PoolImpl& operator=(const PoolImpl&) = delete;
 
@@ -93,7 +123,7 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
     for (Block* b : pending_)
       for (PendingUse& use : b->pending)
         if (use.event != nullptr) (void)cudaEventDestroy(use.event);
-    CaptureRegistry::instance().release_segments(device_, segments);
+    backend_->release(device_, segments);
   }
 
   [[nodiscard]] int device() const noexcept { return device_; }
@@ -116,8 +146,9 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
     if (!pending_.empty()) poll_pending();
     Block* block = take_free(stream, seq, size);
     if (block == nullptr) block = new_segment(size, where);
-    split(block, size);
+    // Allocated before the split, so the tail cannot merge back into it.
     block->state = Block::State::Allocated;
+    split(block, size);
     block->settled = false;
     block->stream = stream;
     block->seq = seq;
@@ -131,7 +162,7 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
     std::lock_guard lock(mutex_);
     allocated_ -= block->size;
     if (!capture_seqs_.empty()) {
-      const CaptureSeq seq = capture_seq_of(block->stream);
+      const CaptureSeq seq = backend_->capture_seq(block->stream);
       if (seq != 0 && std::find(capture_seqs_.begin(), capture_seqs_.end(), seq) != capture_seqs_.end()) {
         if (block->uses.empty()) {
           block->seq = seq;
@@ -163,6 +194,21 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
     std::lock_guard lock(mutex_);
     if (stream == block->stream) return;
     if (std::find(block->uses.begin(), block->uses.end(), stream) == block->uses.end()) block->uses.push_back(stream);
+  }
+
+  //! Calls f(ptr, size, is_allocated) for every block, in address order per segment (checks, diagnostics).
+  template <class F>
+  void visit_blocks(F&& f) const {
+    std::lock_guard lock(mutex_);
+    for (const Block* head : segments_)
+      for (const Block* b = head; b != nullptr; b = b->next)
+        f(static_cast<const void*>(b->ptr), b->size, b->state == Block::State::Allocated);
+  }
+
+  //! Number of blocks in the free set (checks).
+  [[nodiscard]] std::size_t free_block_count() const {
+    std::lock_guard lock(mutex_);
+    return free_.size();
   }
 
   // ---- capture bookkeeping (graph pools) ------------------------------------------------
@@ -221,16 +267,6 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
       for (Block* b = head; b != nullptr;) f(std::exchange(b, b->next));
   }
 
-  static CaptureSeq capture_seq_of(cudaStream_t stream) noexcept {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    CaptureSeq seq = 0;
-    if (cudaStreamGetCaptureInfo(stream, &status, &seq) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return status == cudaStreamCaptureStatusActive ? seq : 0;
-  }
-
   Block* find(bool settled, cudaStream_t stream, CaptureSeq seq, std::size_t size) {
     Block probe;
     probe.settled = settled;
@@ -255,13 +291,13 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
     const std::size_t bytes = segment_size_for(size);
     void* ptr = nullptr;
     {
-      DeviceGuard guard(device_, where);
-      RelaxedCaptureMode relaxed;  // a global-mode capture elsewhere must not be invalidated
-      cudaError_t status = cudaMalloc(&ptr, bytes);
+      std::optional<DeviceGuard> guard;
+      if (backend_ == &cuda_backend) guard.emplace(device_, where);
+      cudaError_t status = backend_->allocate(&ptr, bytes);
       if (status == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
         CaptureRegistry::instance().drain();  // memory waiting for a capture to end may be free now
-        status = cudaMalloc(&ptr, bytes);
+        status = backend_->allocate(&ptr, bytes);
       }
       check(status, "cudaMalloc (tensorplay pool segment)", where);
     }
@@ -274,6 +310,7 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
     return head;
   }
 
+  //! Cuts an allocated block down to `size`; the rest becomes a free block with its old key.
   void split(Block* block, std::size_t size) {
     const std::size_t rest = block->size - size;
     const bool worth = block->size <= small_segment ? rest >= round_bytes : rest > small_request;
@@ -416,6 +453,7 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
   const int device_;
   const std::uint64_t serial_;
   const Kind kind_;
+  const AllocatorBackend* backend_;
   mutable std::mutex mutex_;
   std::vector<Block*> segments_;  // first block of each segment
   std::set<Block*, FreeOrder> free_;

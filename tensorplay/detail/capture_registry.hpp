@@ -31,10 +31,11 @@ class CaptureRegistry {
   //! True while any tensorplay capture is open. The one check on the allocation fast path.
   [[nodiscard]] bool any_open() const noexcept { return open_.load(std::memory_order_acquire) != 0; }
 
-  //! A capture (`body == false`) or a conditional body inside one starts allocating from `pool`.
-  void add(CaptureSeq seq, PoolImpl* pool, bool body) {
+  //! A capture (`body == false`) or a conditional body inside one starts allocating from
+  //! `pool`; its streams belong to `device`.
+  void add(CaptureSeq seq, PoolImpl* pool, int device, bool body) {
     std::lock_guard lock(mutex_);
-    pools_[seq] = pool;
+    entries_[seq] = {pool, device};
     if (!body) open_.fetch_add(1, std::memory_order_acq_rel);
   }
 
@@ -43,7 +44,7 @@ class CaptureRegistry {
     std::vector<std::pair<int, void*>> due;
     {
       std::lock_guard lock(mutex_);
-      pools_.erase(seq);
+      entries_.erase(seq);
       if (!body && open_.fetch_sub(1, std::memory_order_acq_rel) == 1) due.swap(buried_);
     }
     for (auto [device, ptr] : due) free_segment(device, ptr);
@@ -51,8 +52,15 @@ class CaptureRegistry {
 
   [[nodiscard]] PoolImpl* find(CaptureSeq seq) const {
     std::lock_guard lock(mutex_);
-    auto it = pools_.find(seq);
-    return it == pools_.end() ? nullptr : it->second;
+    auto it = entries_.find(seq);
+    return it == entries_.end() ? nullptr : it->second.pool;
+  }
+
+  //! The device of a registered capture sequence, or -1.
+  [[nodiscard]] int device_of(CaptureSeq seq) const {
+    std::lock_guard lock(mutex_);
+    auto it = entries_.find(seq);
+    return it == entries_.end() ? -1 : it->second.device;
   }
 
   //! Frees device memory now, or once no capture is open: cudaFree synchronises the device,
@@ -89,8 +97,12 @@ class CaptureRegistry {
     (void)cudaGetLastError();
   }
 
+  struct Entry {
+    PoolImpl* pool;
+    int device;
+  };
   mutable std::mutex mutex_;
-  std::unordered_map<CaptureSeq, PoolImpl*> pools_;
+  std::unordered_map<CaptureSeq, Entry> entries_;
   std::atomic<int> open_{0};
   std::vector<std::pair<int, void*>> buried_;
 };

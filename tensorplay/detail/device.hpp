@@ -1,6 +1,7 @@
 // tensorplay/detail/device.hpp: current-device queries and a guard that switches device only when needed.
 #pragma once
 
+#include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
@@ -32,14 +33,26 @@ inline int device_count() noexcept {
 }
 
 //! The device a stream belongs to. The legacy and per-thread default streams belong to the
-//! current device.
+//! current device. CUDA refuses cudaStreamGetDevice on a stream that is being captured; the
+//! device of a capture tensorplay began is in the capture registry, any other capturing
+//! stream is taken to be on the current device.
 inline int stream_device(cudaStream_t stream, const std::source_location& where) {
   if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
     return current_device(where);
 #if CUDART_VERSION >= 12080
   int device = 0;
-  TENSORPLAY_CHECK(cudaStreamGetDevice(stream, &device), where);
-  return device;
+  const cudaError_t status = cudaStreamGetDevice(stream, &device);
+  if (status == cudaSuccess) return device;
+  if (status != cudaErrorStreamCaptureUnsupported && status != cudaErrorStreamCaptureImplicit)
+    check(status, "cudaStreamGetDevice", where);
+  (void)cudaGetLastError();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  unsigned long long seq = 0;
+  if (cudaStreamGetCaptureInfo(stream, &capture, &seq) == cudaSuccess && capture != cudaStreamCaptureStatusNone) {
+    if (const int registered = CaptureRegistry::instance().device_of(seq); registered >= 0) return registered;
+  }
+  (void)cudaGetLastError();
+  return current_device(where);
 #else
   return current_device(where);
 #endif

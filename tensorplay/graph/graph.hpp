@@ -192,10 +192,6 @@ class Graph {
       stream = current_stream(device);
     }
     if (stream == nullptr || stream == cudaStreamLegacy) stream = detail::side_stream(device, where);
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    TENSORPLAY_CHECK(cudaStreamIsCapturing(stream, &status), where);
-    if (status != cudaStreamCaptureStatusNone)
-      detail::throw_usage("capture_begin: the stream is already being captured (nested captures need their own stream)");
 
     Pool pool = options.pool ? *options.pool : pool_;
     if (!pool) pool = Pool(detail::PoolDirectory::instance().make_graph_pool(device));
@@ -206,7 +202,13 @@ class Graph {
                           ", the capture stream to device " + std::to_string(device));
 
     const cudaStreamCaptureMode mode = detail::to_cuda(options.capture_error_mode.value_or(options_.capture_error_mode));
-    TENSORPLAY_CHECK(cudaStreamBeginCapture(stream, mode), where);
+    if (const cudaError_t begun = cudaStreamBeginCapture(stream, mode); begun != cudaSuccess) {
+      (void)cudaGetLastError();
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone)
+        detail::throw_usage("capture_begin: the stream is already being captured (nested captures need their own stream)");
+      detail::check(begun, "cudaStreamBeginCapture", where);
+    }
     detail::CaptureInfo info;
     if (const cudaError_t st = detail::get_capture_info(stream, info); st != cudaSuccess) {
       discard_capture(stream);
@@ -216,7 +218,7 @@ class Graph {
       discard_capture(stream);
       detail::throw_usage("capture_begin: another graph is capturing into this pool right now; captures that share a pool must not overlap");
     }
-    detail::CaptureRegistry::instance().add(info.seq, pool.impl().get(), false);
+    detail::CaptureRegistry::instance().add(info.seq, pool.impl().get(), device, false);
 
     auto capture = std::make_unique<Capture>();
     capture->stream = stream;
@@ -578,7 +580,6 @@ class Graph {
     capture_->pool->end_capture();
     registry.remove(capture_->seq, false);
     capture_.reset();
-    (void)cudaGetLastError();
   }
 
   //! Ends every open body and the capture, discards what was captured. Never throws.
@@ -707,7 +708,7 @@ class Graph {
         (void)cudaStreamEndCapture(stream, &ignored);
         detail::check(st, "cudaStreamGetCaptureInfo", where);
       }
-      detail::CaptureRegistry::instance().add(info.seq, capture_->pool.get(), true);
+      detail::CaptureRegistry::instance().add(info.seq, capture_->pool.get(), capture_->device, true);
       capture_->pool->add_body_sequence(info.seq);
       capture_->bodies.push_back({stream, info.seq, handle, current_stream(capture_->device)});
       detail::set_current_stream(capture_->device, stream);
