@@ -60,7 +60,7 @@ int main(int argc, char* argv[]) {
         extra.push_back("--color_output=no");
     if (std::string xml = junit_path(argv[0]); !xml.empty() && !user_logger) {
         // Boost 1.74 syntax: format,level,sink for each logger, ':'-separated.
-        extra.push_back("--logger=HRF,warning,stdout:JUNIT,all," + xml);
+        extra.push_back("--logger=HRF,warning,stdout:JUNIT,warning," + xml);
     }
     if (std::string only = env("TESTBRIDGE_TEST_ONLY"); !only.empty())
         extra.push_back("--run_test=" + only);

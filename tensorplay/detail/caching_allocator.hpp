@@ -104,7 +104,7 @@ inline const AllocatorBackend cuda_backend{
     &cuda_capture_seq,
 };
 
-class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
+class PoolImpl {
  public:
   enum class Kind : std::uint8_t { Default, Graph };
 
@@ -114,15 +114,16 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
   PoolImpl& operator=(const PoolImpl&) = delete;
 
   ~PoolImpl() {
+    // Events first: pending blocks hold some, and the blocks are deleted below.
+    for (Block* b : pending_)
+      for (PendingUse& use : b->pending)
+        if (use.event != nullptr) (void)cudaEventDestroy(use.event);
+    for (cudaEvent_t e : spare_events_) (void)cudaEventDestroy(e);
     std::vector<void*> segments;
     for (Block* head : segments_) {
       segments.push_back(head->ptr);
       for (Block* b = head; b != nullptr;) delete std::exchange(b, b->next);
     }
-    for (cudaEvent_t e : spare_events_) (void)cudaEventDestroy(e);
-    for (Block* b : pending_)
-      for (PendingUse& use : b->pending)
-        if (use.event != nullptr) (void)cudaEventDestroy(use.event);
     backend_->release(device_, segments);
   }
 

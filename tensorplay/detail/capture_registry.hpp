@@ -10,7 +10,6 @@
 
 #include <atomic>
 #include <mutex>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -19,7 +18,7 @@ namespace tensorplay::detail {
 //! Identifies one capture sequence (cudaStreamGetCaptureInfo's id); 0 means "not capturing".
 using CaptureSeq = unsigned long long;
 
-class PoolImpl;
+class CaptureContext;  // pool.hpp: what an open capture allocates from
 
 class CaptureRegistry {
  public:
@@ -31,11 +30,11 @@ class CaptureRegistry {
   //! True while any tensorplay capture is open. The one check on the allocation fast path.
   [[nodiscard]] bool any_open() const noexcept { return open_.load(std::memory_order_acquire) != 0; }
 
-  //! A capture (`body == false`) or a conditional body inside one starts allocating from
-  //! `pool`; its streams belong to `device`.
-  void add(CaptureSeq seq, PoolImpl* pool, int device, bool body) {
+  //! A capture (`body == false`) or a conditional body inside one starts; allocations on its
+  //! streams go through `context`, and its streams belong to `device`.
+  void add(CaptureSeq seq, CaptureContext* context, int device, bool body) {
     std::lock_guard lock(mutex_);
-    entries_[seq] = {pool, device};
+    entries_.push_back({seq, context, device});
     if (!body) open_.fetch_add(1, std::memory_order_acq_rel);
   }
 
@@ -44,23 +43,30 @@ class CaptureRegistry {
     std::vector<std::pair<int, void*>> due;
     {
       std::lock_guard lock(mutex_);
-      entries_.erase(seq);
+      for (std::size_t i = 0; i < entries_.size(); ++i) {
+        if (entries_[i].seq != seq) continue;
+        entries_[i] = entries_.back();
+        entries_.pop_back();
+        break;
+      }
       if (!body && open_.fetch_sub(1, std::memory_order_acq_rel) == 1) due.swap(buried_);
     }
     for (auto [device, ptr] : due) free_segment(device, ptr);
   }
 
-  [[nodiscard]] PoolImpl* find(CaptureSeq seq) const {
+  [[nodiscard]] CaptureContext* find(CaptureSeq seq) const {
     std::lock_guard lock(mutex_);
-    auto it = entries_.find(seq);
-    return it == entries_.end() ? nullptr : it->second.pool;
+    for (const Entry& e : entries_)
+      if (e.seq == seq) return e.context;
+    return nullptr;
   }
 
   //! The device of a registered capture sequence, or -1.
   [[nodiscard]] int device_of(CaptureSeq seq) const {
     std::lock_guard lock(mutex_);
-    auto it = entries_.find(seq);
-    return it == entries_.end() ? -1 : it->second.device;
+    for (const Entry& e : entries_)
+      if (e.seq == seq) return e.device;
+    return -1;
   }
 
   //! Frees device memory now, or once no capture is open: cudaFree synchronises the device,
@@ -97,12 +103,14 @@ class CaptureRegistry {
     (void)cudaGetLastError();
   }
 
+  // Few captures are open at once: a vector beats a hash map, and allocates nothing per capture.
   struct Entry {
-    PoolImpl* pool;
+    CaptureSeq seq;
+    CaptureContext* context;
     int device;
   };
   mutable std::mutex mutex_;
-  std::unordered_map<CaptureSeq, Entry> entries_;
+  std::vector<Entry> entries_;
   std::atomic<int> open_{0};
   std::vector<std::pair<int, void*>> buried_;
 };

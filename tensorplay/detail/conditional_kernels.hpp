@@ -27,10 +27,19 @@ __device__ __forceinline__ unsigned int handle_value(V value) {
   }
 }
 
+//! Waits for the kernel this one depends on when both were captured with a programmatic
+//! edge (the launch overlaps the previous kernel's end); a no-op otherwise.
+__device__ __forceinline__ void wait_for_upstream_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+
 // Kernels are templates so that including this header in several translation units defines
 // them once (weak symbols), as CUB does.
 template <class V>
 __global__ void set_handle_from_value(cudaGraphConditionalHandle handle, const V* value) {
+  wait_for_upstream_kernel();
   cudaGraphSetConditional(handle, handle_value(*value));
 }
 
@@ -38,6 +47,7 @@ template <class F>
 __global__ void set_handle_from_callable(cudaGraphConditionalHandle handle, F f) {
   using Result = std::remove_cv_t<decltype(f())>;
   static_assert(std::is_integral_v<Result>, "a device predicate must return bool, a switch index an integer");
+  wait_for_upstream_kernel();
   cudaGraphSetConditional(handle, handle_value(f()));
 }
 

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <source_location>
 #include <string>
 
@@ -20,6 +21,20 @@ inline int current_device(const std::source_location& where) {
   if (device < 0 || device >= max_devices) [[unlikely]]
     throw_usage("device " + std::to_string(device) + " is beyond the supported " + std::to_string(max_devices));
   return device;
+}
+
+//! The major compute capability of `device` (cached; 0 if it cannot be read).
+inline int compute_capability_major(int device) noexcept {
+  static std::atomic<int> cache[max_devices] = {};
+  int major = cache[device].load(std::memory_order_relaxed);
+  if (major == 0) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    cache[device].store(major, std::memory_order_relaxed);
+  }
+  return major;
 }
 
 //! Number of usable devices; 0 when the runtime reports any error (no driver, no GPU).

@@ -172,7 +172,7 @@ void issue_fallback(const StagePlan& plan, const S& dst, const I& src, int devic
           layout.strides[r] = traits_of<I>::stride(src, r);
         }
         const auto blocks = static_cast<unsigned>(n / 256 + 1 < 4096 ? n / 256 + 1 : 4096);
-        launch(&gather_convert_kernel<From, To>, dim3(blocks), dim3(256), stream, where, in, out, n, layout);
+        launch(&gather_convert_kernel<From, To>, dim3(blocks), dim3(256), stream, where, false, in, out, n, layout);
       }
       return;
     case StageKind::Host:

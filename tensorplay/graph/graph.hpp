@@ -163,6 +163,7 @@ class Graph {
     std::swap(device_, other.device_);
     std::swap(debug_, other.debug_);
     std::swap(abandoned_, other.abandoned_);
+    std::swap(capturing_, other.capturing_);
     std::swap(last_handle_, other.last_handle_);
     std::swap(options_, other.options_);
     std::swap(pool_, other.pool_);
@@ -178,7 +179,7 @@ class Graph {
   //! \throws usage_error when a capture is open, the graph already holds one (reset() first),
   //!         the stream is already capturing, or the pool cannot be used.
   void capture_begin(CaptureOptions options = {}, std::source_location where = std::source_location::current()) {
-    if (capture_) detail::throw_usage("capture_begin: this graph is already capturing; call capture_end first");
+    if (capturing_) detail::throw_usage("capture_begin: this graph is already capturing; call capture_end first");
     if (graph_ != nullptr)
       detail::throw_usage("capture_begin: this graph already holds a captured graph; call reset() before capturing again");
 
@@ -193,13 +194,16 @@ class Graph {
     }
     if (stream == nullptr || stream == cudaStreamLegacy) stream = detail::side_stream(device, where);
 
-    Pool pool = options.pool ? *options.pool : pool_;
-    if (!pool) pool = Pool(detail::PoolDirectory::instance().make_graph_pool(device));
-    if (pool.impl()->kind() != detail::PoolImpl::Kind::Graph)
-      detail::throw_usage("capture_begin: a device's default pool cannot hold a graph's memory; use graph_pool_handle()");
-    if (pool.device() != device)
-      detail::throw_usage("capture_begin: the pool belongs to device " + std::to_string(pool.device()) +
-                          ", the capture stream to device " + std::to_string(device));
+    // The capture's pool: the one asked for, the graph's own, or (null) a private one made
+    // on the capture's first allocation.
+    std::shared_ptr<detail::PoolImpl> pool = options.pool ? options.pool->impl() : pool_.impl();
+    if (pool) {
+      if (pool->kind() != detail::PoolImpl::Kind::Graph)
+        detail::throw_usage("capture_begin: a device's default pool cannot hold a graph's memory; use graph_pool_handle()");
+      if (pool->device() != device)
+        detail::throw_usage("capture_begin: the pool belongs to device " + std::to_string(pool->device()) +
+                            ", the capture stream to device " + std::to_string(device));
+    }
 
     const cudaStreamCaptureMode mode = detail::to_cuda(options.capture_error_mode.value_or(options_.capture_error_mode));
     if (const cudaError_t begun = cudaStreamBeginCapture(stream, mode); begun != cudaSuccess) {
@@ -214,22 +218,24 @@ class Graph {
       discard_capture(stream);
       detail::check(st, "cudaStreamGetCaptureInfo", where);
     }
-    if (!pool.impl()->try_begin_capture(info.seq)) {
+    if (pool && !pool->try_begin_capture(info.seq)) {
       discard_capture(stream);
       detail::throw_usage("capture_begin: another graph is capturing into this pool right now; captures that share a pool must not overlap");
     }
-    detail::CaptureRegistry::instance().add(info.seq, pool.impl().get(), device, false);
 
-    auto capture = std::make_unique<Capture>();
-    capture->stream = stream;
-    capture->seq = info.seq;
-    capture->device = device;
-    capture->mode = mode;
-    capture->previous_current = current_stream(device);
-    capture->pool = pool.impl();
+    if (!capture_) capture_ = std::make_unique<Capture>();  // kept for later captures: no allocation each time
+    Capture& capture = *capture_;
+    capture.stream = stream;
+    capture.seq = info.seq;
+    capture.device = device;
+    capture.mode = mode;
+    capture.previous_current = current_stream(device);
+    capture.programmatic_launch = detail::compute_capability_major(device) >= 9;
+    capture.bodies.clear();
+    capture.context.open(device, info.seq, std::move(pool));
+    detail::CaptureRegistry::instance().add(info.seq, &capture.context, device, false);
     detail::set_current_stream(device, stream);
-    capture_ = std::move(capture);
-    pool_ = std::move(pool);
+    capturing_ = true;
     device_ = device;
     abandoned_ = false;
   }
@@ -239,7 +245,7 @@ class Graph {
   //!         cuda_error (with CUDA's status) when the capture was invalidated: the graph and
   //!         the stream are usable afterwards and the graph can capture again.
   void capture_end(std::source_location where = std::source_location::current()) {
-    if (!capture_)
+    if (!capturing_)
       detail::throw_usage(abandoned_ ? "capture_end: the capture was abandoned after an error inside it; capture again"
                                      : "capture_end without capture_begin");
     if (!capture_->bodies.empty())
@@ -247,13 +253,14 @@ class Graph {
                           " conditional body(ies) still open; call end_capture_to_conditional_node first");
     cudaGraph_t graph = nullptr;
     const cudaError_t status = cudaStreamEndCapture(capture_->stream, &graph);
-    finish_capture();
+    std::shared_ptr<detail::PoolImpl> pool = finish_capture();
     if (status != cudaSuccess) {
       if (graph != nullptr) (void)cudaGraphDestroy(graph);
       pool_ = options_.pool;
       device_ = -1;
       detail::check(status, "cudaStreamEndCapture", where);
     }
+    if (pool) pool_ = Pool(std::move(pool));
     graph_ = graph;
     instantiate(where);
   }
@@ -299,7 +306,7 @@ class Graph {
   //! Abandons an open capture, destroys the graph and executable, and drops the pool
   //! reference (the pool's memory goes back to CUDA once no tensor uses it either).
   void reset() noexcept {
-    if (capture_) abort_capture();
+    if (capturing_) abort_capture();
     staging_.reset();
     if (exec_ != nullptr) (void)cudaGraphExecDestroy(std::exchange(exec_, nullptr));
     if (graph_ != nullptr) (void)cudaGraphDestroy(std::exchange(graph_, nullptr));
@@ -312,6 +319,7 @@ class Graph {
   //! The pool this graph captures into: the configured one, the one of its last capture, or
   //! (before any capture) a fresh private pool made now, so that other graphs can share it.
   [[nodiscard]] Pool pool() const {
+    if (capturing_) return Pool(capture_->context.pool());
     if (!pool_) pool_ = graph_pool_handle();
     return pool_;
   }
@@ -333,15 +341,15 @@ class Graph {
   //! Where work is captured right now: the innermost open conditional body, else the capture
   //! stream; a default StreamRef when not capturing.
   [[nodiscard]] StreamRef capture_stream() const noexcept {
-    if (!capture_) return {};
+    if (!capturing_) return {};
     return capture_->bodies.empty() ? capture_->stream : capture_->bodies.back().stream;
   }
-  [[nodiscard]] bool is_capturing() const noexcept { return capture_ != nullptr; }
+  [[nodiscard]] bool is_capturing() const noexcept { return capturing_; }
   [[nodiscard]] bool is_instantiated() const noexcept { return exec_ != nullptr; }
   //! The device of the captured graph; -1 before the first capture_begin.
   [[nodiscard]] int device() const noexcept { return device_; }
   //! Number of open conditional bodies.
-  [[nodiscard]] std::size_t conditional_depth() const noexcept { return capture_ ? capture_->bodies.size() : 0; }
+  [[nodiscard]] std::size_t conditional_depth() const noexcept { return capturing_ ? capture_->bodies.size() : 0; }
 
   //! Number of top-level nodes of the captured graph.
   [[nodiscard]] std::size_t node_count(std::source_location where = std::source_location::current()) const {
@@ -522,8 +530,9 @@ class Graph {
     int device = 0;
     cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
     cudaStream_t previous_current = nullptr;
-    std::shared_ptr<detail::PoolImpl> pool;
+    bool programmatic_launch = false;  // the device has programmatic dependent launch
     std::vector<Body> bodies;  // open conditional bodies, innermost last
+    detail::CaptureContext context;  // the pool; registered for the capture's sequences
   };
 
   //! The graph with a copy node in front of all its roots, compiled on first use.
@@ -545,7 +554,7 @@ class Graph {
 
   void require_executable(const char* what, const std::source_location&) const {
     if (exec_ == nullptr) [[unlikely]] {
-      if (capture_) detail::throw_usage(std::string(what) + ": the graph is still capturing; call capture_end first");
+      if (capturing_) detail::throw_usage(std::string(what) + ": the graph is still capturing; call capture_end first");
       detail::throw_usage(std::string(what) + ": nothing has been captured (call capture_begin/capture_end or capture first)");
     }
   }
@@ -573,18 +582,19 @@ class Graph {
   }
 
   // Book-keeping shared by capture_end and abort_capture: restore the current stream,
-  // unregister, let the pool settle what the capture freed.
-  void finish_capture() noexcept {
-    auto& registry = detail::CaptureRegistry::instance();
+  // unregister, let the pool settle what the capture freed. Returns the capture's pool
+  // (null if it allocated nothing and the graph had none).
+  std::shared_ptr<detail::PoolImpl> finish_capture() noexcept {
     detail::set_current_stream(capture_->device, capture_->previous_current);
-    capture_->pool->end_capture();
-    registry.remove(capture_->seq, false);
-    capture_.reset();
+    std::shared_ptr<detail::PoolImpl> pool = capture_->context.close();
+    detail::CaptureRegistry::instance().remove(capture_->seq, false);
+    capturing_ = false;
+    return pool;
   }
 
   //! Ends every open body and the capture, discards what was captured. Never throws.
   void abort_capture() noexcept {
-    if (!capture_) return;
+    if (!capturing_) return;
     auto& registry = detail::CaptureRegistry::instance();
     while (!capture_->bodies.empty()) {
       Body& body = capture_->bodies.back();
@@ -595,17 +605,17 @@ class Graph {
       capture_->bodies.pop_back();
     }
     discard_capture(capture_->stream);
-    finish_capture();
+    (void)finish_capture();
     pool_ = options_.pool;
     device_ = -1;
     abandoned_ = true;
   }
 
   void require_open_capture(const char* what) const {
-    if (!capture_) detail::throw_usage(std::string(what) + ": conditional nodes can only be captured inside an open capture");
+    if (!capturing_) detail::throw_usage(std::string(what) + ": conditional nodes can only be captured inside an open capture");
   }
   void require_open_body(const char* what) const {
-    if (!capture_ || capture_->bodies.empty()) detail::throw_usage(std::string(what) + ": no conditional body is open");
+    if (!capturing_ || capture_->bodies.empty()) detail::throw_usage(std::string(what) + ": no conditional body is open");
   }
 
   // Checks a predicate or index before anything is captured; returns what the set-handle kernel reads.
@@ -624,20 +634,40 @@ class Graph {
   }
 
   // Captures, on `stream`, the kernel that copies the predicate (tensor or callable) into `handle`.
+  // When it follows exactly one kernel node (a while body's last kernel, say), it is captured
+  // with a programmatic edge: its launch overlaps that kernel's end (Hopper and newer).
   template <class P>
   void sample_checked(cudaStream_t stream, cudaGraphConditionalHandle handle, const P& pred, const void* checked,
                       const std::source_location& where) {
+    const bool programmatic = follows_one_kernel(stream);
     if constexpr (ScalarPredicate<P>) {
-      detail::launch(&detail::set_handle_from_value<bool>, dim3(1), dim3(1), stream, where, handle,
+      detail::launch(&detail::set_handle_from_value<bool>, dim3(1), dim3(1), stream, where, programmatic, handle,
                      static_cast<const bool*>(checked));
     } else if constexpr (detail::IndexTensor<P>) {
       using Index = element_t<P>;
-      detail::launch(&detail::set_handle_from_value<Index>, dim3(1), dim3(1), stream, where, handle,
+      detail::launch(&detail::set_handle_from_value<Index>, dim3(1), dim3(1), stream, where, programmatic, handle,
                      static_cast<const Index*>(checked));
     } else {
       using F = std::remove_cvref_t<P>;
-      detail::launch(&detail::set_handle_from_callable<F>, dim3(1), dim3(1), stream, where, handle, F(pred));
+      detail::launch(&detail::set_handle_from_callable<F>, dim3(1), dim3(1), stream, where, programmatic, handle, F(pred));
     }
+  }
+
+  // True when the next node captured on `stream` would depend on exactly one kernel node,
+  // on a device with programmatic dependent launch (compute capability 9.0 or newer).
+  bool follows_one_kernel(cudaStream_t stream) const noexcept {
+    if (!capture_->programmatic_launch) return false;
+    detail::CaptureInfo info;
+    if (detail::get_capture_info(stream, info) != cudaSuccess || info.dependency_count != 1) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+    if (cudaGraphNodeGetType(info.dependencies[0], &type) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return type == cudaGraphNodeTypeKernel;
   }
 
   template <class P>
@@ -708,8 +738,8 @@ class Graph {
         (void)cudaStreamEndCapture(stream, &ignored);
         detail::check(st, "cudaStreamGetCaptureInfo", where);
       }
-      detail::CaptureRegistry::instance().add(info.seq, capture_->pool.get(), capture_->device, true);
-      capture_->pool->add_body_sequence(info.seq);
+      detail::CaptureRegistry::instance().add(info.seq, &capture_->context, capture_->device, true);
+      capture_->context.body_opened(info.seq);
       capture_->bodies.push_back({stream, info.seq, handle, current_stream(capture_->device)});
       detail::set_current_stream(capture_->device, stream);
     } catch (...) {
@@ -727,7 +757,7 @@ class Graph {
     const bool nested = !capture_->bodies.empty();
     const cudaStream_t parent_stream = nested ? capture_->bodies.back().stream : capture_->stream;
     const unsigned long long parent_seq = nested ? capture_->bodies.back().seq : capture_->seq;
-    capture_->pool->end_body_sequence(body.seq, body.stream, parent_seq, parent_stream);
+    capture_->context.body_closed(body.seq, body.stream, parent_seq, parent_stream);
     detail::CaptureRegistry::instance().remove(body.seq, true);
     detail::set_current_stream(capture_->device, body.previous_current);
     if (status != cudaSuccess) {
@@ -789,7 +819,7 @@ class Graph {
   // More batched pairs than one table holds: copy a full table with a plain launch first.
   void flush_table(detail::CopyTable& table, StreamRef stream, const std::source_location& where) {
     detail::launch(&detail::batched_copy_kernel<>, dim3(grid_for(*staging_, table)), dim3(detail::copy_block_threads),
-                   stream.get(), where, table);
+                   stream.get(), where, false, table);
     table.count = 0;
     table.first_tile[0] = 0;
   }
@@ -807,10 +837,11 @@ class Graph {
   int device_ = -1;
   bool debug_ = false;
   bool abandoned_ = false;
+  bool capturing_ = false;
   cudaGraphConditionalHandle last_handle_ = 0;
   GraphOptions options_;
   mutable Pool pool_;
-  std::unique_ptr<Capture> capture_;
+  std::unique_ptr<Capture> capture_;  // the open capture's state (kept allocated between captures)
   std::vector<Stream> body_streams_;  // one per nesting depth, reused by later captures
   std::unique_ptr<Staging> staging_;
 };
