@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <cstdlib>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -75,7 +76,9 @@ class PoolDirectory {
     return it == live_.end() ? nullptr : it->second.lock();
   }
 
-  //! The default pool of `device`. Never destroyed: no cudaFree may run after the runtime unloads.
+  //! The default pool of `device`. Never destroyed (a tensor in a static object may still
+  //! free into it during exit); at exit its unused memory goes back to CUDA, while the
+  //! runtime is still loaded: the handler is registered after the runtime's own.
   const std::shared_ptr<PoolImpl>& default_pool(int device) {
     std::shared_ptr<PoolImpl>& slot = defaults_[device];
     if (!ready_[device].load(std::memory_order_acquire)) {
@@ -84,10 +87,20 @@ class PoolDirectory {
         const std::uint64_t serial = ++last_serial_;
         slot = std::shared_ptr<PoolImpl>(new PoolImpl(device, serial, PoolImpl::Kind::Default));
         live_[serial] = slot;
+        if (!exit_handler_) exit_handler_ = std::atexit([] { PoolDirectory::instance().release_unused_default_memory(); }) == 0;
         ready_[device].store(true, std::memory_order_release);
       }
     }
     return slot;
+  }
+
+  //! Gives CUDA back the default pools' memory that no tensor uses. Returns the bytes released.
+  std::size_t release_unused_default_memory() noexcept {
+    if (CaptureRegistry::instance().any_open()) return 0;  // cudaFree would break the capture
+    std::size_t bytes = 0;
+    for (int device = 0; device < max_devices; ++device)
+      if (ready_[device].load(std::memory_order_acquire)) bytes += defaults_[device]->release_unused_segments();
+    return bytes;
   }
 
  private:
@@ -101,6 +114,7 @@ class PoolDirectory {
   std::unordered_map<std::uint64_t, std::weak_ptr<PoolImpl>> live_;
   std::array<std::shared_ptr<PoolImpl>, max_devices> defaults_{};
   std::array<std::atomic<bool>, max_devices> ready_{};
+  bool exit_handler_ = false;
 };
 
 //! What an open capture allocates from. A graph with no pool of its own gets a fresh private
@@ -204,8 +218,8 @@ class PoolBlock {
   }
 
   //! For use on `stream`.
-  static PoolBlock on_stream(std::size_t bytes, cudaStream_t stream, const std::source_location& where) {
-    return PoolBlock(bytes, stream, [&] { return stream_device(stream, where); }, where);
+  static PoolBlock on_stream(std::size_t bytes, StreamRef stream, const std::source_location& where) {
+    return PoolBlock(bytes, stream.get(), [&] { return stream.device(where); }, where);
   }
 
   PoolBlock(PoolBlock&& other) noexcept
@@ -309,6 +323,12 @@ class Pool {
 
   friend bool operator==(const Pool& a, const Pool& b) noexcept { return a.impl_ == b.impl_; }
   friend std::ostream& operator<<(std::ostream& os, const Pool& pool) { return os << "Pool(" << pool.id() << ')'; }
+
+  //! Gives CUDA back the memory of the default pools that no tensor uses (like PyTorch's
+  //! empty_cache). Graph pools keep theirs: graphs may still use it. Returns the bytes released.
+  static std::size_t release_unused_default_memory() noexcept {
+    return detail::PoolDirectory::instance().release_unused_default_memory();
+  }
 
   //! The default pool of `device`, which serves allocations made outside any capture.
   static Pool default_for(int device) {

@@ -18,10 +18,15 @@ namespace tensorplay {
 //! A default-constructed StreamRef names the legacy default stream (handle 0). Construction
 //! from `int` or `nullptr` is deleted so that `replay(0)` cannot pick a stream by accident:
 //! write `StreamRef{}` or `cudaStreamLegacy` for the legacy default stream.
+//!
+//! A StreamRef made from a Stream also remembers the stream's device, so asking for it costs
+//! no CUDA call; one made from a bare handle asks CUDA when the device is needed.
 class StreamRef {
  public:
   constexpr StreamRef() noexcept = default;
   constexpr StreamRef(cudaStream_t stream) noexcept : stream_(stream) {}  // NOLINT: implicit by design
+  //! `device` must be the stream's device.
+  constexpr StreamRef(cudaStream_t stream, int device) noexcept : stream_(stream), device_(device) {}
   StreamRef(int) = delete;
   StreamRef(std::nullptr_t) = delete;
 
@@ -35,7 +40,7 @@ class StreamRef {
 
   //! The device this stream belongs to (the current device for the default streams).
   [[nodiscard]] int device(std::source_location where = std::source_location::current()) const {
-    return detail::stream_device(stream_, where);
+    return device_ >= 0 ? device_ : detail::stream_device(stream_, where);
   }
 
   //! True while work issued to this stream is being captured into a graph.
@@ -50,10 +55,12 @@ class StreamRef {
     TENSORPLAY_CHECK(cudaStreamSynchronize(stream_), where);
   }
 
-  friend constexpr bool operator==(StreamRef, StreamRef) noexcept = default;
+  //! Same stream handle (the remembered device plays no part).
+  friend constexpr bool operator==(StreamRef a, StreamRef b) noexcept { return a.stream_ == b.stream_; }
 
  protected:
   cudaStream_t stream_ = nullptr;
+  int device_ = -1;  // -1: not known yet (ask CUDA)
 };
 
 //! An owning, non-blocking stream. Move-only; destroying it never waits for its work.
@@ -66,12 +73,13 @@ class Stream : public StreamRef {
       : Stream(detail::current_device(where), where) {}
 
   //! A new non-blocking stream on `device`. The current device is left unchanged.
-  explicit Stream(int device, std::source_location where = std::source_location::current()) : device_(device) {
+  explicit Stream(int device, std::source_location where = std::source_location::current()) {
     detail::DeviceGuard guard(device, where);
     TENSORPLAY_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), where);
+    device_ = device;
   }
 
-  Stream(Stream&& other) noexcept : StreamRef(std::exchange(other.stream_, nullptr)), device_(other.device_) {}
+  Stream(Stream&& other) noexcept : StreamRef(std::exchange(other.stream_, nullptr), other.device_) {}
   Stream& operator=(Stream&& other) noexcept {
     Stream moved(std::move(other));
     std::swap(stream_, moved.stream_);
@@ -91,9 +99,6 @@ class Stream : public StreamRef {
   void reset() noexcept {
     if (stream_ != nullptr) (void)cudaStreamDestroy(std::exchange(stream_, nullptr));
   }
-
- private:
-  int device_ = 0;
 };
 
 namespace detail {
@@ -150,7 +155,7 @@ class StreamGuard {
  public:
   explicit StreamGuard(StreamRef stream, std::source_location where = std::source_location::current())
       : previous_device_(detail::current_device(where)),
-        device_(detail::stream_device(stream, where)),
+        device_(stream.device(where)),
         previous_stream_(detail::thread_streams().current[device_]) {
     if (device_ != previous_device_) TENSORPLAY_CHECK(cudaSetDevice(device_), where);
     detail::set_current_stream(device_, stream);

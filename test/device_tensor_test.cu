@@ -95,4 +95,21 @@ TP_GPU_TEST(tensor_keeps_its_pool_alive) {
   BOOST_CHECK_THROW(tp::Pool{id}, tp::usage_error);
 }
 
+TP_GPU_TEST(unused_default_pool_memory_goes_back_to_cuda_on_request) {
+  tp::Stream stream;
+  const std::size_t n = std::size_t{64} << 20;  // 256 MiB of floats
+  {
+    tp::DeviceTensor<float> big(n, stream);
+    tp_test::fill(big.data(), n, 1.0f, stream);
+    stream.synchronize();
+  }
+  const std::size_t cached = tp::Pool::default_for(0).reserved_bytes();
+  BOOST_TEST(cached >= n * sizeof(float));  // freed, but cached by the pool
+  const std::size_t in_use = tp_test::device_bytes_in_use();
+  const std::size_t released = tp::Pool::release_unused_default_memory();
+  BOOST_TEST(released >= n * sizeof(float));
+  BOOST_TEST(tp::Pool::default_for(0).reserved_bytes() == cached - released);
+  BOOST_TEST(tp_test::device_bytes_in_use() + n * sizeof(float) <= in_use);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

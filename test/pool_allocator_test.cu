@@ -199,4 +199,22 @@ BOOST_AUTO_TEST_CASE(what_a_closed_body_allocated_belongs_to_the_parent_stream) 
   check_invariants(pool);
 }
 
+BOOST_AUTO_TEST_CASE(only_segments_with_no_block_in_use_are_released) {
+  td::PoolImpl pool(0, 7, td::PoolImpl::Kind::Default, fake_backend);
+  td::Block* a = pool.allocate(64 * kib, stream(1), 0, here);    // small segment, kept in use
+  td::Block* b = pool.allocate(12 * mib, stream(1), 0, here);    // its own segment
+  td::Block* c = pool.allocate(64 * kib, stream(2), 0, here);    // shares a's segment
+  pool.free(b);
+  pool.free(c);  // a's segment now has free blocks under two keys, and a in use
+  const std::size_t before = pool.reserved_bytes();
+  const std::size_t released = pool.release_unused_segments();
+  BOOST_TEST(released == td::round_up(12 * mib, td::small_segment));
+  BOOST_TEST(pool.reserved_bytes() == before - released);
+  check_invariants(pool);
+  pool.free(a);
+  BOOST_TEST(pool.release_unused_segments() == td::small_segment);
+  BOOST_TEST(pool.reserved_bytes() == 0u);
+  check_invariants(pool);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -62,9 +62,15 @@ __global__ void affine_kernel(const T* in, T* out, std::size_t n, T a, T b) {
     out[i] = a * in[i] + b;
 }
 
-//! Keeps a stream busy for about `nanoseconds`.
+//! Keeps a stream busy for `nanoseconds` of wall-clock time (the GPU's global timer, so that
+//! sanitizers that stretch or skip sleeps do not shorten it).
 __global__ inline void spin_kernel(long long nanoseconds) {
-  for (long long waited = 0; waited < nanoseconds; waited += 1000) __nanosleep(1000);
+  unsigned long long start = 0;
+  unsigned long long now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < static_cast<unsigned long long>(nanoseconds));
 }
 
 inline unsigned blocks_for(std::size_t n) { return static_cast<unsigned>(n / 256 + 1 < 1024 ? n / 256 + 1 : 1024); }

@@ -197,6 +197,32 @@ class PoolImpl {
     if (std::find(block->uses.begin(), block->uses.end(), stream) == block->uses.end()) block->uses.push_back(stream);
   }
 
+  //! Gives CUDA back every segment no block of which is in use. Only for the default pools:
+  //! a graph pool's free memory may still be baked into a graph. Returns the bytes released.
+  std::size_t release_unused_segments() noexcept {
+    std::vector<void*> released;
+    std::size_t bytes = 0;
+    {
+      std::lock_guard lock(mutex_);
+      // A segment is unused when all its blocks are free, whatever their stream keys:
+      // cudaFree waits for all work on the device, so no stream order is left to respect.
+      std::erase_if(segments_, [&](Block* head) {
+        for (const Block* b = head; b != nullptr; b = b->next)
+          if (b->state != Block::State::Free) return false;
+        released.push_back(head->ptr);
+        for (Block* b = head; b != nullptr;) {
+          free_.erase(b);
+          reserved_ -= b->size;
+          bytes += b->size;
+          delete std::exchange(b, b->next);
+        }
+        return true;
+      });
+    }
+    if (!released.empty()) backend_->release(device_, released);
+    return bytes;
+  }
+
   //! Calls f(ptr, size, is_allocated) for every block, in address order per segment (checks, diagnostics).
   template <class F>
   void visit_blocks(F&& f) const {
