@@ -72,6 +72,19 @@ struct Loops {
     return p;
   }
 
+  // Adds a while node after `dependencies`; returns its body graph.
+  static cudaGraph_t add_while_node(cudaGraph_t graph, cudaGraphConditionalHandle handle, const cudaGraphNode_t* dependencies,
+                                    std::size_t count) {
+    cudaGraphNodeParams cond{};
+    cond.type = cudaGraphNodeTypeConditional;
+    cond.conditional.handle = handle;
+    cond.conditional.type = cudaGraphCondTypeWhile;
+    cond.conditional.size = 1;
+    cudaGraphNode_t node = nullptr;
+    BENCH_CUDA(cudaGraphAddNode(&node, graph, dependencies, nullptr, count, &cond));
+    return cond.conditional.phGraph_out[0];
+  }
+
   // The same loop as while_ builds, node by node with the graph API: a set-handle kernel,
   // then the while node whose body is the loop kernel followed by a set-handle kernel.
   void build_raw() {
@@ -85,14 +98,7 @@ struct Loops {
     cudaKernelNodeParams set = kernel_params(reinterpret_cast<void*>(&raw_set_handle), set_args);
     cudaGraphNode_t first = nullptr;
     BENCH_CUDA(cudaGraphAddKernelNode(&first, raw_graph, nullptr, 0, &set));
-    cudaGraphNodeParams cond{};
-    cond.type = cudaGraphNodeTypeConditional;
-    cond.conditional.handle = handle;
-    cond.conditional.type = cudaGraphCondTypeWhile;
-    cond.conditional.size = 1;
-    cudaGraphNode_t node = nullptr;
-    BENCH_CUDA(cudaGraphAddNode(&node, raw_graph, &first, nullptr, 1, &cond));
-    cudaGraph_t body = cond.conditional.phGraph_out[0];
+    cudaGraph_t body = add_while_node(raw_graph, handle, &first, 1);
     void* body_args[] = {&k_ptr, &more_out};
     cudaKernelNodeParams step = kernel_params(reinterpret_cast<void*>(&count_down), body_args);
     cudaGraphNode_t step_node = nullptr;
@@ -107,18 +113,12 @@ struct Loops {
     BENCH_CUDA(cudaGraphCreate(&fused_graph, 0));
     cudaGraphConditionalHandle handle = 0;
     BENCH_CUDA(cudaGraphConditionalHandleCreate(&handle, fused_graph, 1, cudaGraphCondAssignDefault));
-    cudaGraphNodeParams cond{};
-    cond.type = cudaGraphNodeTypeConditional;
-    cond.conditional.handle = handle;
-    cond.conditional.type = cudaGraphCondTypeWhile;
-    cond.conditional.size = 1;
-    cudaGraphNode_t node = nullptr;
-    BENCH_CUDA(cudaGraphAddNode(&node, fused_graph, nullptr, nullptr, 0, &cond));
+    cudaGraph_t body = add_while_node(fused_graph, handle, nullptr, 0);
     int* k_ptr = k.data();
     void* args[] = {&handle, &k_ptr};
     cudaKernelNodeParams step = kernel_params(reinterpret_cast<void*>(&count_down_fused), args);
     cudaGraphNode_t step_node = nullptr;
-    BENCH_CUDA(cudaGraphAddKernelNode(&step_node, cond.conditional.phGraph_out[0], nullptr, 0, &step));
+    BENCH_CUDA(cudaGraphAddKernelNode(&step_node, body, nullptr, 0, &step));
     BENCH_CUDA(cudaGraphInstantiate(&fused, fused_graph, 0));
   }
 

@@ -377,12 +377,8 @@ class PoolImpl {
       for (Block* b = head; b != nullptr && b->next != nullptr;) {
         Block* n = b->next;
         if (b->state == Block::State::Free && n->state == Block::State::Free && same_key(b, n)) {
-          free_.erase(b);
-          free_.erase(n);
-          b->size += n->size;
-          b->next = n->next;
-          if (n->next != nullptr) n->next->prev = b;
-          delete n;
+          free_.erase(b);  // its size, part of the set's order, is about to change
+          absorb_next(b);
           free_.insert(b);
         } else {
           b = n;
@@ -391,25 +387,27 @@ class PoolImpl {
     }
   }
 
+  //! Merges b's next neighbour into b: the neighbour leaves the free set and is deleted.
+  //! b itself must not be in the free set (its size changes).
+  void absorb_next(Block* b) {
+    Block* n = b->next;
+    free_.erase(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != nullptr) n->next->prev = b;
+    delete n;
+  }
+
   //! Puts a block into the free set under its current key, merging with free neighbours of the same key.
   void insert_free(Block* b) {
     b->state = Block::State::Free;
     b->uses.clear();
     if (Block* p = b->prev; p != nullptr && p->state == Block::State::Free && same_key(p, b)) {
       free_.erase(p);
-      p->size += b->size;
-      p->next = b->next;
-      if (b->next != nullptr) b->next->prev = p;
-      delete b;
+      absorb_next(p);  // p takes b
       b = p;
     }
-    if (Block* n = b->next; n != nullptr && n->state == Block::State::Free && same_key(n, b)) {
-      free_.erase(n);
-      b->size += n->size;
-      b->next = n->next;
-      if (n->next != nullptr) n->next->prev = b;
-      delete n;
-    }
+    if (Block* n = b->next; n != nullptr && n->state == Block::State::Free && same_key(n, b)) absorb_next(b);
     free_.insert(b);
   }
 

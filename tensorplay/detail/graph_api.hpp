@@ -29,6 +29,12 @@ inline cudaError_t get_capture_info(cudaStream_t stream, CaptureInfo& info) noex
 #endif
 }
 
+//! Only the capture sequence id (cheaper than the full query, which lists dependencies).
+inline cudaError_t get_capture_seq(cudaStream_t stream, unsigned long long& seq) noexcept {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamGetCaptureInfo(stream, &status, &seq);
+}
+
 inline cudaError_t set_capture_dependencies(cudaStream_t stream, cudaGraphNode_t* nodes, std::size_t count) noexcept {
 #if CUDART_VERSION >= 13000
   return cudaStreamUpdateCaptureDependencies(stream, nodes, nullptr, count, cudaStreamSetCaptureDependencies);

@@ -213,12 +213,12 @@ class Graph {
         detail::throw_usage("capture_begin: the stream is already being captured (nested captures need their own stream)");
       detail::check(begun, "cudaStreamBeginCapture", where);
     }
-    detail::CaptureInfo info;
-    if (const cudaError_t st = detail::get_capture_info(stream, info); st != cudaSuccess) {
+    unsigned long long seq = 0;
+    if (const cudaError_t st = detail::get_capture_seq(stream, seq); st != cudaSuccess) {
       discard_capture(stream);
       detail::check(st, "cudaStreamGetCaptureInfo", where);
     }
-    if (pool && !pool->try_begin_capture(info.seq)) {
+    if (pool && !pool->try_begin_capture(seq)) {
       discard_capture(stream);
       detail::throw_usage("capture_begin: another graph is capturing into this pool right now; captures that share a pool must not overlap");
     }
@@ -226,14 +226,14 @@ class Graph {
     if (!capture_) capture_ = std::make_unique<Capture>();  // kept for later captures: no allocation each time
     Capture& capture = *capture_;
     capture.stream = stream;
-    capture.seq = info.seq;
+    capture.seq = seq;
     capture.device = device;
     capture.mode = mode;
     capture.previous_current = current_stream(device);
     capture.programmatic_launch = detail::compute_capability_major(device) >= 9;
     capture.bodies.clear();
-    capture.context.open(device, info.seq, std::move(pool));
-    detail::CaptureRegistry::instance().add(info.seq, &capture.context, device, false);
+    capture.context.open(device, seq, std::move(pool));
+    detail::CaptureRegistry::instance().add(seq, &capture.context, device, false);
     detail::set_current_stream(device, stream);
     capturing_ = true;
     device_ = device;
@@ -732,15 +732,15 @@ class Graph {
       }
       const cudaStream_t stream = body_streams_[depth].get();
       TENSORPLAY_CHECK(cudaStreamBeginCaptureToGraph(stream, body_graph, nullptr, nullptr, 0, capture_->mode), where);
-      detail::CaptureInfo info;
-      if (const cudaError_t st = detail::get_capture_info(stream, info); st != cudaSuccess) {
+      unsigned long long seq = 0;
+      if (const cudaError_t st = detail::get_capture_seq(stream, seq); st != cudaSuccess) {
         cudaGraph_t ignored = nullptr;
         (void)cudaStreamEndCapture(stream, &ignored);
         detail::check(st, "cudaStreamGetCaptureInfo", where);
       }
-      detail::CaptureRegistry::instance().add(info.seq, &capture_->context, capture_->device, true);
-      capture_->context.body_opened(info.seq);
-      capture_->bodies.push_back({stream, info.seq, handle, current_stream(capture_->device)});
+      detail::CaptureRegistry::instance().add(seq, &capture_->context, capture_->device, true);
+      capture_->context.body_opened(seq);
+      capture_->bodies.push_back({stream, seq, handle, current_stream(capture_->device)});
       detail::set_current_stream(capture_->device, stream);
     } catch (...) {
       abort_capture();

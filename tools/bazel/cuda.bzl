@@ -231,8 +231,8 @@ def cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], defines = []
         **kwargs
     )
 
-def cuda_binary(name, srcs, deps = [], hdrs = [], copts = [], defines = [], linkopts = [], **kwargs):
-    """cuda_objects + cc_binary. `bazel run` works as for any cc_binary."""
+def _private_objects(name, srcs, hdrs, deps, copts, defines, kwargs):
+    """The `<name>_cu` cuda_objects target behind cuda_library, cuda_binary and cuda_test."""
     cuda_objects(
         name = name + "_cu",
         srcs = srcs,
@@ -243,6 +243,10 @@ def cuda_binary(name, srcs, deps = [], hdrs = [], copts = [], defines = [], link
         visibility = ["//visibility:private"],
         tags = kwargs.get("tags", []),
     )
+
+def cuda_binary(name, srcs, deps = [], hdrs = [], copts = [], defines = [], linkopts = [], **kwargs):
+    """cuda_objects + cc_binary. `bazel run` works as for any cc_binary."""
+    _private_objects(name, srcs, hdrs, deps, copts, defines, kwargs)
     native.cc_binary(
         name = name,
         srcs = [":" + name + "_cu"],
@@ -285,16 +289,7 @@ def cuda_test(
     if compile_outcomes:
         data.append(compile_outcomes)
         env["TENSORPLAY_COMPILE_OUTCOMES_DIR"] = _runfiles_dir(compile_outcomes)
-    cuda_objects(
-        name = name + "_cu",
-        srcs = srcs,
-        hdrs = hdrs,
-        deps = deps,
-        copts = copts,
-        defines = defines,
-        visibility = ["//visibility:private"],
-        tags = kwargs.get("tags", []),
-    )
+    _private_objects(name, srcs, hdrs, deps, copts, defines, kwargs)
     native.cc_test(
         name = name,
         srcs = [":" + name + "_cu"],
