@@ -5,6 +5,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <unistd.h>
@@ -61,6 +62,11 @@ TP_GPU_TEST(ten_thousand_capture_replay_reset_cycles_keep_device_memory_and_rss_
   const std::size_t rss_now = resident_bytes();
   BOOST_TEST_MESSAGE("cycles " << cycles << ": device in use " << device_after_warmup << " -> " << device_now
                                << " bytes, RSS " << rss_after_warmup << " -> " << rss_now << " bytes");
+  if (std::getenv("TENSORPLAY_UNDER_SANITIZER") != nullptr) {
+    // The sanitizer's own book-keeping grows the process; flatness is checked in plain runs.
+    BOOST_TEST_MESSAGE("device memory and RSS flatness not checked under compute-sanitizer");
+    return;
+  }
   BOOST_TEST(device_now <= device_after_warmup + device_after_warmup / 100);
   BOOST_TEST(rss_now <= rss_after_warmup + rss_after_warmup / 100);
 }
