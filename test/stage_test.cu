@@ -222,6 +222,21 @@ TP_GPU_TEST(stage_and_launch_without_stream_uses_the_current_stream) {
   BOOST_TEST(g.outs[0].to_host()[0] == 3.0f);  // 2 * 1.5 + 0
 }
 
+TP_GPUS_TEST(stage_and_launch_without_stream_launches_on_the_graphs_device_whatever_device_is_current, 2) {
+  BOOST_REQUIRE_EQUAL(cudaSetDevice(1), cudaSuccess);
+  AffineGraph<1> g(256, cudaStreamLegacy);  // captured on device 1
+  tp::DeviceTensor<float> x = device_copy(std::vector<float>(256, 2.5f), cudaStreamLegacy);
+  BOOST_REQUIRE_EQUAL(cudaDeviceSynchronize(), cudaSuccess);
+  BOOST_REQUIRE_EQUAL(cudaSetDevice(0), cudaSuccess);
+  g.graph.stage_and_launch(std::tie(g.statics[0]), std::tie(x));  // legacy default stream, device 0 current
+  int device = -1;
+  BOOST_REQUIRE_EQUAL(cudaGetDevice(&device), cudaSuccess);
+  BOOST_TEST(device == 0);
+  BOOST_REQUIRE_EQUAL(cudaSetDevice(1), cudaSuccess);
+  BOOST_TEST(g.outs[0].to_host(cudaStreamLegacy)[255] == 5.0f);  // 2 * 2.5 + 0
+  BOOST_REQUIRE_EQUAL(cudaSetDevice(0), cudaSuccess);
+}
+
 // ---- misuse: usage_error, and nothing is copied ----------------------------------------------------
 
 TP_GPU_TEST(size_mismatch_throws_before_anything_is_copied) {

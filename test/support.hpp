@@ -64,7 +64,8 @@ __global__ void affine_kernel(const T* in, T* out, std::size_t n, T a, T b) {
 
 //! Keeps a stream busy for `nanoseconds` of wall-clock time (the GPU's global timer, so that
 //! sanitizers that stretch or skip sleeps do not shorten it).
-__global__ inline void spin_kernel(long long nanoseconds) {
+template <int = 0>  // a template, so that every test file may define it
+__global__ void spin_kernel(long long nanoseconds) {
   unsigned long long start = 0;
   unsigned long long now = 0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));

@@ -508,12 +508,18 @@ class Graph {
     }
   }
 
-  //! stage_and_launch on the current stream of the graph's device.
+  //! stage_and_launch on this thread's current stream of the graph's device (like replay()).
   template <class... S, class... I>
   void stage_and_launch(std::tuple<S&...> static_inputs, std::tuple<I&...> inputs,
                         std::source_location where = std::source_location::current()) {
     require_executable("stage_and_launch", where);
-    stage_and_launch(static_inputs, inputs, StreamRef(current_stream_of_graph_device(where)), where);
+    const cudaStream_t stream = detail::thread_streams().current[device_];
+    if (stream == nullptr) {  // the legacy default stream belongs to whatever device is current
+      detail::DeviceGuard guard(device_, where);
+      stage_and_launch(static_inputs, inputs, StreamRef(stream), where);
+    } else {
+      stage_and_launch(static_inputs, inputs, StreamRef(stream), where);
+    }
   }
 
  private:
@@ -557,10 +563,6 @@ class Graph {
       if (capturing_) detail::throw_usage(std::string(what) + ": the graph is still capturing; call capture_end first");
       detail::throw_usage(std::string(what) + ": nothing has been captured (call capture_begin/capture_end or capture first)");
     }
-  }
-
-  cudaStream_t current_stream_of_graph_device(const std::source_location&) const noexcept {
-    return detail::thread_streams().current[device_];
   }
 
   template <class F>
