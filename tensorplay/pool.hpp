@@ -122,10 +122,12 @@ class PoolDirectory {
 //! pool for each would cost them a third of a microsecond.
 class CaptureContext {
  public:
-  //! A capture starts: `pool` is the graph's pool, or null for "make one when needed".
-  void open(int device, CaptureSeq seq, std::shared_ptr<PoolImpl> pool) {
-    std::lock_guard lock(mutex_);
+  //! A capture on `stream` starts: `pool` is the graph's pool, or null for "make one when
+  //! needed"; `seq` is the capture's sequence id, or 0 when CUDA has not been asked yet.
+  //! Called before the context is registered: no other thread can reach it yet.
+  void open(int device, cudaStream_t stream, CaptureSeq seq, std::shared_ptr<PoolImpl> pool) noexcept {
     device_ = device;
+    stream_ = stream;
     seq_ = seq;
     bodies_.clear();
     pool_ = std::move(pool);
@@ -136,7 +138,7 @@ class CaptureContext {
     std::lock_guard lock(mutex_);
     if (!pool_) {
       auto pool = PoolDirectory::instance().make_graph_pool(device_);
-      (void)pool->try_begin_capture(seq_);  // a fresh pool: nobody else captures into it
+      (void)pool->try_begin_capture(sequence());  // a fresh pool: nobody else captures into it
       for (CaptureSeq body : bodies_) pool->add_body_sequence(body);
       pool_ = std::move(pool);
     }
@@ -149,10 +151,11 @@ class CaptureContext {
     if (pool_) pool_->add_body_sequence(seq);
   }
 
+  //! A body closed; `parent_seq` 0 means the capture itself is its parent.
   void body_closed(CaptureSeq body_seq, cudaStream_t body_stream, CaptureSeq parent_seq, cudaStream_t parent_stream) noexcept {
     std::lock_guard lock(mutex_);
     std::erase(bodies_, body_seq);
-    if (pool_) pool_->end_body_sequence(body_seq, body_stream, parent_seq, parent_stream);
+    if (pool_) pool_->end_body_sequence(body_seq, body_stream, parent_seq != 0 ? parent_seq : sequence(), parent_stream);
   }
 
   //! The capture ended: the pool (null if none was made) settles what the capture freed.
@@ -164,9 +167,16 @@ class CaptureContext {
   }
 
  private:
+  // The capture's sequence id, asked of CUDA the first time it is needed. Mutex held.
+  CaptureSeq sequence() noexcept {
+    if (seq_ == 0 && get_capture_seq(stream_, seq_) != cudaSuccess) (void)cudaGetLastError();
+    return seq_;
+  }
+
   std::mutex mutex_;
   int device_ = -1;
-  CaptureSeq seq_ = 0;
+  cudaStream_t stream_ = nullptr;
+  CaptureSeq seq_ = 0;              // 0 until asked (see sequence())
   std::vector<CaptureSeq> bodies_;  // open conditional bodies
   std::shared_ptr<PoolImpl> pool_;
 };

@@ -383,6 +383,38 @@ TP_GPUS_TEST(replay_launches_on_the_graphs_device_whatever_device_is_current, 2)
   BOOST_REQUIRE_EQUAL(cudaSetDevice(0), cudaSuccess);
 }
 
+TP_GPUS_TEST(capture_ended_while_another_device_is_current_compiles_for_the_captured_device, 2) {
+  tp::Stream stream(1);  // device 0 stays current outside the guards below
+  tp::DeviceTensor<int> counter(1, stream);
+  BOOST_TEST(counter.device() == 1);
+  tp::Graph graph;
+  graph.capture_begin({.stream = stream});
+  {
+    tp::StreamGuard on_device_1(stream);  // kernels launch only on the current device's streams
+    tp_test::fill(counter.data(), 1, 0, stream);
+    tp::DeviceTensor<int> scratch(1, stream);  // from the graph's pool, made for device 1
+    BOOST_TEST(scratch.device() == 1);
+    increment<<<1, 1, 0, stream>>>(scratch.data());
+    increment<<<1, 1, 0, stream>>>(counter.data());
+  }
+  int device = -1;
+  BOOST_REQUIRE_EQUAL(cudaGetDevice(&device), cudaSuccess);
+  BOOST_REQUIRE_EQUAL(device, 0);
+  graph.capture_end();  // instantiates while device 0 is current
+  BOOST_TEST(graph.device() == 1);
+  BOOST_TEST(graph.pool().device() == 1);
+  graph.replay(stream);
+  graph.replay(stream);
+  BOOST_TEST(counter.to_host(stream)[0] == 1);  // the fill is captured too: each replay gives 1
+  tp::Graph empty;
+  empty.capture_begin({.stream = stream});
+  empty.capture_end();
+  BOOST_CHECK_NO_THROW(empty.replay(stream));
+  BOOST_CHECK_NO_THROW(stream.synchronize());
+  BOOST_REQUIRE_EQUAL(cudaGetDevice(&device), cudaSuccess);
+  BOOST_TEST(device == 0);
+}
+
 // ---- debug dump ----------------------------------------------------------------------------------
 
 TP_GPU_TEST(debug_dump_writes_dot_and_debug_mode_adds_node_attributes) {

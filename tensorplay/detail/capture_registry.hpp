@@ -1,10 +1,16 @@
 // tensorplay/detail/capture_registry.hpp: which capture sequence allocates from which pool.
 //
-// A capture registers its sequence id (and the ids of its conditional bodies) with the pool it
-// captures into. An allocation asks the registry where to go: no open capture, or a stream
-// that is not capturing, means the default pool of the device; otherwise the pool registered
-// for the stream's capture sequence.
+// A capture registers its stream (and the sequence ids of its conditional bodies) with the
+// context that knows its pool. An allocation asks the registry where to go: no open capture, or
+// a stream that is not capturing, means the default pool of the device; otherwise the pool
+// registered for the stream's capture sequence.
+//
+// The sequence id of a capture is asked of CUDA only when a lookup needs it (the capture's
+// first allocation, say), not when the capture begins: most captures allocate nothing, and
+// the query costs about as much as the rest of capture_begin's bookkeeping together.
 #pragma once
+
+#include <tensorplay/detail/graph_api.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -30,43 +36,53 @@ class CaptureRegistry {
   //! True while any tensorplay capture is open. The one check on the allocation fast path.
   [[nodiscard]] bool any_open() const noexcept { return open_.load(std::memory_order_acquire) != 0; }
 
-  //! A capture (`body == false`) or a conditional body inside one starts; allocations on its
-  //! streams go through `context`, and its streams belong to `device`.
-  void add(CaptureSeq seq, CaptureContext* context, int device, bool body) {
+  //! A capture on `stream` starts; allocations on its streams go through `context`, and its
+  //! streams belong to `device`. `seq` may be 0 (not asked yet): it is then asked of CUDA
+  //! when a lookup first needs it.
+  void add_capture(CaptureContext* context, cudaStream_t stream, CaptureSeq seq, int device) {
     std::lock_guard lock(mutex_);
-    entries_.push_back({seq, context, device});
-    if (!body) open_.fetch_add(1, std::memory_order_acq_rel);
+    entries_.push_back({seq, stream, context, device});
+    open_.store(open_.load(std::memory_order_relaxed) + 1, std::memory_order_release);  // writers hold the mutex
   }
 
-  //! The capture or body ended. When the last capture ends, deferred cudaFrees run.
-  void remove(CaptureSeq seq, bool body) noexcept {
+  //! A conditional body (sequence `seq`) of the capture that registered `context` starts.
+  void add_body(CaptureContext* context, CaptureSeq seq, int device) {
+    std::lock_guard lock(mutex_);
+    entries_.push_back({seq, nullptr, context, device});
+  }
+
+  //! The body ended.
+  void remove_body(CaptureSeq seq) noexcept {
+    std::lock_guard lock(mutex_);
+    erase_first([seq](const Entry& e) { return e.stream == nullptr && e.seq == seq; });
+  }
+
+  //! The capture that registered `context` ended (its bodies are gone already). When the last
+  //! capture ends, deferred cudaFrees run.
+  void remove_capture(CaptureContext* context) noexcept {
     std::vector<std::pair<int, void*>> due;
     {
       std::lock_guard lock(mutex_);
-      for (std::size_t i = 0; i < entries_.size(); ++i) {
-        if (entries_[i].seq != seq) continue;
-        entries_[i] = entries_.back();
-        entries_.pop_back();
-        break;
-      }
-      if (!body && open_.fetch_sub(1, std::memory_order_acq_rel) == 1) due.swap(buried_);
+      erase_first([context](const Entry& e) { return e.stream != nullptr && e.context == context; });
+      const int open = open_.load(std::memory_order_relaxed) - 1;
+      open_.store(open, std::memory_order_release);
+      if (open == 0) due.swap(buried_);
     }
     for (auto [device, ptr] : due) free_segment(device, ptr);
   }
 
-  [[nodiscard]] CaptureContext* find(CaptureSeq seq) const {
+  //! The context registered for capture sequence `seq`, or null.
+  [[nodiscard]] CaptureContext* find(CaptureSeq seq) {
     std::lock_guard lock(mutex_);
-    for (const Entry& e : entries_)
-      if (e.seq == seq) return e.context;
-    return nullptr;
+    const Entry* e = lookup(seq);
+    return e != nullptr ? e->context : nullptr;
   }
 
   //! The device of a registered capture sequence, or -1.
-  [[nodiscard]] int device_of(CaptureSeq seq) const {
+  [[nodiscard]] int device_of(CaptureSeq seq) {
     std::lock_guard lock(mutex_);
-    for (const Entry& e : entries_)
-      if (e.seq == seq) return e.device;
-    return -1;
+    const Entry* e = lookup(seq);
+    return e != nullptr ? e->device : -1;
   }
 
   //! Frees device memory now, or once no capture is open: cudaFree synchronises the device,
@@ -105,10 +121,41 @@ class CaptureRegistry {
 
   // Few captures are open at once: a vector beats a hash map, and allocates nothing per capture.
   struct Entry {
-    CaptureSeq seq;
+    CaptureSeq seq;        // 0: a capture whose id nobody has asked for yet
+    cudaStream_t stream;   // a capture's origin stream; null for a conditional body
     CaptureContext* context;
     int device;
   };
+
+  // The entry of sequence `seq`. Captures whose id is not known yet are asked first, and only
+  // when no known id matches. Called with the mutex held.
+  Entry* lookup(CaptureSeq seq) {
+    if (seq == 0) return nullptr;
+    for (Entry& e : entries_)
+      if (e.seq == seq) return &e;
+    Entry* found = nullptr;
+    for (Entry& e : entries_) {
+      if (e.seq != 0) continue;
+      CaptureSeq id = 0;
+      if (get_capture_seq(e.stream, id) != cudaSuccess || id == 0) {
+        (void)cudaGetLastError();  // ending right now, on another thread: not what is looked for
+        continue;
+      }
+      e.seq = id;
+      if (id == seq) found = &e;
+    }
+    return found;
+  }
+
+  template <class Pred>
+  void erase_first(Pred pred) noexcept {
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (!pred(entries_[i])) continue;
+      entries_[i] = entries_.back();
+      entries_.pop_back();
+      return;
+    }
+  }
   mutable std::mutex mutex_;
   std::vector<Entry> entries_;
   std::atomic<int> open_{0};

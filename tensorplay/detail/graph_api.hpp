@@ -30,9 +30,13 @@ inline cudaError_t get_capture_info(cudaStream_t stream, CaptureInfo& info) noex
 }
 
 //! Only the capture sequence id (cheaper than the full query, which lists dependencies).
+//! `seq` is 0 when the stream is not capturing.
 inline cudaError_t get_capture_seq(cudaStream_t stream, unsigned long long& seq) noexcept {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return cudaStreamGetCaptureInfo(stream, &status, &seq);
+  seq = 0;
+  const cudaError_t result = cudaStreamGetCaptureInfo(stream, &status, &seq);
+  if (status == cudaStreamCaptureStatusNone) seq = 0;
+  return result;
 }
 
 inline cudaError_t set_capture_dependencies(cudaStream_t stream, cudaGraphNode_t* nodes, std::size_t count) noexcept {

@@ -178,7 +178,7 @@ class Graph {
   //! becomes the current stream of its device until capture_end.
   //! \throws usage_error when a capture is open, the graph already holds one (reset() first),
   //!         the stream is already capturing, or the pool cannot be used.
-  void capture_begin(CaptureOptions options = {}, std::source_location where = std::source_location::current()) {
+  void capture_begin(const CaptureOptions& options = {}, std::source_location where = std::source_location::current()) {
     if (capturing_) detail::throw_usage("capture_begin: this graph is already capturing; call capture_end first");
     if (graph_ != nullptr)
       detail::throw_usage("capture_begin: this graph already holds a captured graph; call reset() before capturing again");
@@ -213,27 +213,29 @@ class Graph {
         detail::throw_usage("capture_begin: the stream is already being captured (nested captures need their own stream)");
       detail::check(begun, "cudaStreamBeginCapture", where);
     }
+    // The capture's sequence id: a pool of the graph's must know it now; otherwise it is
+    // asked of CUDA only if the capture allocates (see CaptureRegistry).
     unsigned long long seq = 0;
-    if (const cudaError_t st = detail::get_capture_seq(stream, seq); st != cudaSuccess) {
-      discard_capture(stream);
-      detail::check(st, "cudaStreamGetCaptureInfo", where);
-    }
-    if (pool && !pool->try_begin_capture(seq)) {
-      discard_capture(stream);
-      detail::throw_usage("capture_begin: another graph is capturing into this pool right now; captures that share a pool must not overlap");
+    if (pool) {
+      if (const cudaError_t st = detail::get_capture_seq(stream, seq); st != cudaSuccess) {
+        discard_capture(stream);
+        detail::check(st, "cudaStreamGetCaptureInfo", where);
+      }
+      if (!pool->try_begin_capture(seq)) {
+        discard_capture(stream);
+        detail::throw_usage("capture_begin: another graph is capturing into this pool right now; captures that share a pool must not overlap");
+      }
     }
 
     if (!capture_) capture_ = std::make_unique<Capture>();  // kept for later captures: no allocation each time
     Capture& capture = *capture_;
     capture.stream = stream;
-    capture.seq = seq;
     capture.device = device;
     capture.mode = mode;
     capture.previous_current = current_stream(device);
-    capture.programmatic_launch = detail::compute_capability_major(device) >= 9;
     capture.bodies.clear();
-    capture.context.open(device, seq, std::move(pool));
-    detail::CaptureRegistry::instance().add(seq, &capture.context, device, false);
+    capture.context.open(device, stream, seq, std::move(pool));
+    detail::CaptureRegistry::instance().add_capture(&capture.context, stream, seq, device);
     detail::set_current_stream(device, stream);
     capturing_ = true;
     device_ = device;
@@ -268,17 +270,18 @@ class Graph {
   //! capture_begin, then body(capture stream) or body(), then capture_end. If the body throws,
   //! the capture is abandoned (no stream is left capturing) and the exception propagates.
   template <class F>
-  void capture(F&& body, CaptureOptions options = {}, std::source_location where = std::source_location::current()) {
-    capture_begin(std::move(options), where);
+  void capture(F&& body, const CaptureOptions& options = {}, std::source_location where = std::source_location::current()) {
+    capture_begin(options, where);
     run_body(body);
     capture_end(where);
   }
 
   //! Compiles the executable if that has not happened (capture_end does it): otherwise a no-op.
+  //! No device switch: each node carries its device, and the current one plays no part
+  //! (tested with a capture on device 1 while device 0 is current).
   void instantiate(std::source_location where = std::source_location::current()) {
     if (exec_ != nullptr) return;
     if (graph_ == nullptr) detail::throw_usage("instantiate: nothing has been captured yet");
-    detail::DeviceGuard guard(device_, where);
     TENSORPLAY_CHECK(cudaGraphInstantiate(&exec_, graph_, cudaGraphInstantiateFlagAutoFreeOnLaunch), where);
   }
 
@@ -532,11 +535,9 @@ class Graph {
 
   struct Capture {
     cudaStream_t stream = nullptr;
-    unsigned long long seq = 0;
     int device = 0;
     cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
     cudaStream_t previous_current = nullptr;
-    bool programmatic_launch = false;  // the device has programmatic dependent launch
     std::vector<Body> bodies;  // open conditional bodies, innermost last
     detail::CaptureContext context;  // the pool; registered for the capture's sequences
   };
@@ -589,7 +590,7 @@ class Graph {
   std::shared_ptr<detail::PoolImpl> finish_capture() noexcept {
     detail::set_current_stream(capture_->device, capture_->previous_current);
     std::shared_ptr<detail::PoolImpl> pool = capture_->context.close();
-    detail::CaptureRegistry::instance().remove(capture_->seq, false);
+    detail::CaptureRegistry::instance().remove_capture(&capture_->context);
     capturing_ = false;
     return pool;
   }
@@ -602,7 +603,7 @@ class Graph {
       Body& body = capture_->bodies.back();
       cudaGraph_t graph = nullptr;  // owned by its conditional node: not destroyed here
       (void)cudaStreamEndCapture(body.stream, &graph);
-      registry.remove(body.seq, true);
+      registry.remove_body(body.seq);
       detail::set_current_stream(capture_->device, body.previous_current);
       capture_->bodies.pop_back();
     }
@@ -658,7 +659,7 @@ class Graph {
   // True when the next node captured on `stream` would depend on exactly one kernel node,
   // on a device with programmatic dependent launch (compute capability 9.0 or newer).
   bool follows_one_kernel(cudaStream_t stream) const noexcept {
-    if (!capture_->programmatic_launch) return false;
+    if (detail::compute_capability_major(capture_->device) < 9) return false;
     detail::CaptureInfo info;
     if (detail::get_capture_info(stream, info) != cudaSuccess || info.dependency_count != 1) {
       (void)cudaGetLastError();
@@ -740,7 +741,7 @@ class Graph {
         (void)cudaStreamEndCapture(stream, &ignored);
         detail::check(st, "cudaStreamGetCaptureInfo", where);
       }
-      detail::CaptureRegistry::instance().add(seq, &capture_->context, capture_->device, true);
+      detail::CaptureRegistry::instance().add_body(&capture_->context, seq, capture_->device);
       capture_->context.body_opened(seq);
       capture_->bodies.push_back({stream, seq, handle, current_stream(capture_->device)});
       detail::set_current_stream(capture_->device, stream);
@@ -758,9 +759,9 @@ class Graph {
     capture_->bodies.pop_back();
     const bool nested = !capture_->bodies.empty();
     const cudaStream_t parent_stream = nested ? capture_->bodies.back().stream : capture_->stream;
-    const unsigned long long parent_seq = nested ? capture_->bodies.back().seq : capture_->seq;
+    const unsigned long long parent_seq = nested ? capture_->bodies.back().seq : 0;  // 0: the capture's own
     capture_->context.body_closed(body.seq, body.stream, parent_seq, parent_stream);
-    detail::CaptureRegistry::instance().remove(body.seq, true);
+    detail::CaptureRegistry::instance().remove_body(body.seq);
     detail::set_current_stream(capture_->device, body.previous_current);
     if (status != cudaSuccess) {
       abort_capture();
