@@ -4,6 +4,7 @@
 #include <tensorplay/detail/caching_allocator.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/graph_api.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/stream.hpp>
 
@@ -169,7 +170,7 @@ class CaptureContext {
  private:
   // The capture's sequence id, asked of CUDA the first time it is needed. Mutex held.
   CaptureSeq sequence() noexcept {
-    if (seq_ == 0 && get_capture_seq(stream_, seq_) != cudaSuccess) (void)cudaGetLastError();
+    if (seq_ == 0) seq_ = capture_seq_or_zero(stream_);
     return seq_;
   }
 
@@ -195,13 +196,8 @@ Route route_allocation(cudaStream_t stream, DeviceOf&& device_of, const std::sou
   (void)where;
   auto& registry = CaptureRegistry::instance();
   if (registry.any_open()) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    CaptureSeq seq = 0;
-    if (cudaStreamGetCaptureInfo(stream, &status, &seq) != cudaSuccess) {
-      (void)cudaGetLastError();  // e.g. the legacy stream next to a capture: not capturing itself
-      status = cudaStreamCaptureStatusNone;
-    }
-    if (status != cudaStreamCaptureStatusNone) {
+    // An error means not capturing: e.g. the legacy stream next to a capture.
+    if (const CaptureSeq seq = capture_seq_or_zero(stream); seq != 0) {
       if (CaptureContext* context = registry.find(seq)) return {context->pool(), seq};
       throw_usage(
           "allocation on a stream that is being captured, but not by a tensorplay::Graph: capture "
@@ -224,7 +220,7 @@ class PoolBlock {
   //! For use on this thread's current stream of the current device.
   static PoolBlock on_current_stream(std::size_t bytes, const std::source_location& where) {
     const int device = current_device(where);
-    return PoolBlock(bytes, thread_streams().current[device], [device] { return device; }, where);
+    return PoolBlock(bytes, current_stream(device), [device] { return device; }, where);
   }
 
   //! For use on `stream`.

@@ -136,11 +136,8 @@ class CaptureRegistry {
     Entry* found = nullptr;
     for (Entry& e : entries_) {
       if (e.seq != 0) continue;
-      CaptureSeq id = 0;
-      if (get_capture_seq(e.stream, id) != cudaSuccess || id == 0) {
-        (void)cudaGetLastError();  // ending right now, on another thread: not what is looked for
-        continue;
-      }
+      const CaptureSeq id = capture_seq_or_zero(e.stream);
+      if (id == 0) continue;  // ending right now, on another thread: not what is looked for
       e.seq = id;
       if (id == seq) found = &e;
     }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/graph_api.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
@@ -61,12 +62,9 @@ inline int stream_device(cudaStream_t stream, const std::source_location& where)
   if (status != cudaErrorStreamCaptureUnsupported && status != cudaErrorStreamCaptureImplicit)
     check(status, "cudaStreamGetDevice", where);
   (void)cudaGetLastError();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  unsigned long long seq = 0;
-  if (cudaStreamGetCaptureInfo(stream, &capture, &seq) == cudaSuccess && capture != cudaStreamCaptureStatusNone) {
+  if (const CaptureSeq seq = capture_seq_or_zero(stream); seq != 0) {
     if (const int registered = CaptureRegistry::instance().device_of(seq); registered >= 0) return registered;
   }
-  (void)cudaGetLastError();
   return current_device(where);
 #else
   return current_device(where);

@@ -39,6 +39,17 @@ inline cudaError_t get_capture_seq(cudaStream_t stream, unsigned long long& seq)
   return result;
 }
 
+//! The capture sequence id of `stream`; 0 when it is not capturing or CUDA cannot tell (that
+//! error is cleared: the caller goes on as for a stream that is not capturing).
+inline unsigned long long capture_seq_or_zero(cudaStream_t stream) noexcept {
+  unsigned long long seq = 0;
+  if (get_capture_seq(stream, seq) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return seq;
+}
+
 inline cudaError_t set_capture_dependencies(cudaStream_t stream, cudaGraphNode_t* nodes, std::size_t count) noexcept {
 #if CUDART_VERSION >= 13000
   return cudaStreamUpdateCaptureDependencies(stream, nodes, nullptr, count, cudaStreamSetCaptureDependencies);

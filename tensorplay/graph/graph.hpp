@@ -164,7 +164,6 @@ class Graph {
     std::swap(debug_, other.debug_);
     std::swap(abandoned_, other.abandoned_);
     std::swap(capturing_, other.capturing_);
-    std::swap(last_handle_, other.last_handle_);
     std::swap(options_, other.options_);
     std::swap(pool_, other.pool_);
     std::swap(capture_, other.capture_);
@@ -290,13 +289,7 @@ class Graph {
   //! Launches the graph on this thread's current stream of the graph's device.
   void replay(std::source_location where = std::source_location::current()) {
     require_executable("replay", where);
-    const cudaStream_t stream = detail::thread_streams().current[device_];
-    if (stream == nullptr) {  // the legacy default stream belongs to whatever device is current
-      detail::DeviceGuard guard(device_, where);
-      TENSORPLAY_CHECK(cudaGraphLaunch(exec_, stream), where);
-    } else {
-      TENSORPLAY_CHECK(cudaGraphLaunch(exec_, stream), where);
-    }
+    on_current_stream([&](cudaStream_t stream) { TENSORPLAY_CHECK(cudaGraphLaunch(exec_, stream), where); }, where);
   }
 
   //! Launches the graph on `stream` (which must belong to the graph's device). No lookups:
@@ -429,14 +422,9 @@ class Graph {
   void if_else_(const P& pred, F&& then_body, G&& else_body, std::source_location where = std::source_location::current()) {
     constexpr const char* what = "if_else_";
     detail::require_multi_body_conditionals(what, where);
-    cudaGraph_t* bodies = add_conditional_node(cudaGraphCondTypeIf, 2, pred, what, where);
-    const cudaGraphConditionalHandle handle = last_handle_;
-    open_body(bodies[0], handle, where);
-    run_body(then_body);
-    close_body(where);
-    open_body(bodies[1], handle, where);
-    run_body(else_body);
-    close_body(where);
+    const ConditionalNode node = add_conditional_node(cudaGraphCondTypeIf, 2, pred, what, where);
+    capture_body(node.bodies[0], node.handle, then_body, where);
+    capture_body(node.bodies[1], node.handle, else_body, where);
   }
 
   //! Runs bodies[index] (none when the index is out of range or negative). `index` is a
@@ -448,16 +436,9 @@ class Graph {
     const auto where = std::source_location::current();
     constexpr const char* what = "switch_";
     detail::require_multi_body_conditionals(what, where);
-    cudaGraph_t* graphs = add_conditional_node(cudaGraphCondTypeSwitch, sizeof...(Fs), index, what, where);
-    const cudaGraphConditionalHandle handle = last_handle_;
+    const ConditionalNode node = add_conditional_node(cudaGraphCondTypeSwitch, sizeof...(Fs), index, what, where);
     std::size_t i = 0;
-    (
-        [&](auto& body) {
-          open_body(graphs[i++], handle, where);
-          run_body(body);
-          close_body(where);
-        }(bodies),
-        ...);
+    (capture_body(node.bodies[i++], node.handle, bodies, where), ...);
   }
 
   // ---- staging ------------------------------------------------------------------------------
@@ -516,16 +497,24 @@ class Graph {
   void stage_and_launch(std::tuple<S&...> static_inputs, std::tuple<I&...> inputs,
                         std::source_location where = std::source_location::current()) {
     require_executable("stage_and_launch", where);
-    const cudaStream_t stream = detail::thread_streams().current[device_];
-    if (stream == nullptr) {  // the legacy default stream belongs to whatever device is current
-      detail::DeviceGuard guard(device_, where);
-      stage_and_launch(static_inputs, inputs, StreamRef(stream), where);
-    } else {
-      stage_and_launch(static_inputs, inputs, StreamRef(stream), where);
-    }
+    on_current_stream([&](cudaStream_t stream) { stage_and_launch(static_inputs, inputs, StreamRef(stream), where); },
+                      where);
   }
 
  private:
+  // Calls f(stream) with this thread's current stream of the graph's device. The legacy default
+  // stream (null) belongs to whatever device is current: the graph's device is made current for it.
+  template <class F>
+  void on_current_stream(F&& f, const std::source_location& where) const {
+    const cudaStream_t stream = current_stream(device_);
+    if (stream == nullptr) {
+      detail::DeviceGuard guard(device_, where);
+      f(stream);
+    } else {
+      f(stream);
+    }
+  }
+
   struct Body {
     cudaStream_t stream = nullptr;
     unsigned long long seq = 0;
@@ -685,10 +674,15 @@ class Graph {
     }
   }
 
+  struct ConditionalNode {
+    cudaGraph_t* bodies;  // owned by CUDA, valid with the node
+    cudaGraphConditionalHandle handle;
+  };
+
   // Adds, on the innermost stream, a set-handle kernel and a conditional node with `size`
-  // bodies after it; returns the node's body graphs (owned by CUDA, valid with the node).
+  // bodies after it.
   template <class P>
-  cudaGraph_t* add_conditional_node(cudaGraphConditionalNodeType type, unsigned size, const P& pred, const char* what,
+  ConditionalNode add_conditional_node(cudaGraphConditionalNodeType type, unsigned size, const P& pred, const char* what,
                                     const std::source_location& where) {
     require_open_capture(what);
     const void* checked = checked_predicate(pred, what, where);
@@ -710,8 +704,7 @@ class Graph {
       cudaGraphNode_t node = nullptr;
       TENSORPLAY_CHECK(detail::add_node(&node, info.graph, info.dependencies, info.dependency_count, &params), where);
       TENSORPLAY_CHECK(detail::set_capture_dependencies(parent, &node, 1), where);
-      last_handle_ = handle;
-      return params.conditional.phGraph_out;
+      return {params.conditional.phGraph_out, handle};
     } catch (...) {
       abort_capture();
       throw;
@@ -721,8 +714,16 @@ class Graph {
   template <class P>
   void open_conditional_body(cudaGraphConditionalNodeType type, const P& pred, const char* what,
                              const std::source_location& where) {
-    cudaGraph_t* bodies = add_conditional_node(type, 1, pred, what, where);
-    open_body(bodies[0], last_handle_, where);
+    const ConditionalNode node = add_conditional_node(type, 1, pred, what, where);
+    open_body(node.bodies[0], node.handle, where);
+  }
+
+  // Captures `body` into one body graph of a conditional node (if_else_, switch_).
+  template <class F>
+  void capture_body(cudaGraph_t body_graph, cudaGraphConditionalHandle handle, F& body, const std::source_location& where) {
+    open_body(body_graph, handle, where);
+    run_body(body);
+    close_body(where);
   }
 
   // Starts capturing into a body graph on the stream of the next nesting depth.
@@ -841,7 +842,6 @@ class Graph {
   bool debug_ = false;
   bool abandoned_ = false;
   bool capturing_ = false;
-  cudaGraphConditionalHandle last_handle_ = 0;
   GraphOptions options_;
   mutable Pool pool_;
   std::unique_ptr<Capture> capture_;  // the open capture's state (kept allocated between captures)
