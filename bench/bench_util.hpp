@@ -31,17 +31,6 @@ inline double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-//! Host time of `batch` calls of `submit`, per call, in seconds; the device catches up
-//! (untimed) afterwards, so the launch queue never fills.
-template <class F>
-double host_submit_seconds(int batch, cudaStream_t stream, F&& submit) {
-  const auto start = Clock::now();
-  for (int i = 0; i < batch; ++i) submit();
-  const double elapsed = seconds_since(start);
-  BENCH_CUDA(cudaStreamSynchronize(stream));
-  return elapsed / batch;
-}
-
 //! Device time between two events around `work`, in seconds.
 template <class F>
 double device_seconds(cudaStream_t stream, F&& work) {

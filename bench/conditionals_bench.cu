@@ -180,20 +180,16 @@ void host_loop(benchmark::State& state) {
 
 constexpr int replays = 200;
 
-void graph_with_untaken_if(benchmark::State& state) {
-  auto& l = loops();
+// Device time of one replay of `graph`.
+void replay_device_time(benchmark::State& state, tp::Graph& graph) {
+  const cudaStream_t stream = loops().stream;
   for (auto _ : state)
-    state.SetIterationTime(bench::device_seconds(l.stream, [&] {
-                             for (int i = 0; i < replays; ++i) l.with_untaken_if.replay(l.stream);
+    state.SetIterationTime(bench::device_seconds(stream, [&] {
+                             for (int i = 0; i < replays; ++i) graph.replay(stream);
                            }) / replays);
 }
-void graph_without_if(benchmark::State& state) {
-  auto& l = loops();
-  for (auto _ : state)
-    state.SetIterationTime(bench::device_seconds(l.stream, [&] {
-                             for (int i = 0; i < replays; ++i) l.without_if.replay(l.stream);
-                           }) / replays);
-}
+void graph_with_untaken_if(benchmark::State& state) { replay_device_time(state, loops().with_untaken_if); }
+void graph_without_if(benchmark::State& state) { replay_device_time(state, loops().without_if); }
 
 }  // namespace
 

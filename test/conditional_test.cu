@@ -6,10 +6,8 @@
 #include <boost/test/unit_test.hpp>
 
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <span>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -482,12 +480,9 @@ TP_GPU_TEST(debug_dump_shows_conditional_nodes_and_their_bodies) {
   graph.capture([&] {
     graph.if_(pred, [&](tp::StreamRef s) { only_in_the_body_marker<<<1, 1, 0, s>>>(counter.data()); });
   }, {.stream = stream});
-  const auto path = std::filesystem::temp_directory_path() / ("tensorplay_cond_" + std::to_string(::getpid()) + ".dot");
+  const auto path = tp_test::temp_path("cond.dot");
   graph.debug_dump(path);
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string dot = text.str();
+  const std::string dot = tp_test::read_file(path);
   std::string lower = dot;
   for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   BOOST_TEST(lower.find("conditional") != std::string::npos, dot);

@@ -6,8 +6,6 @@
 #include <boost/test/unit_test.hpp>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -22,16 +20,8 @@ namespace {
 __global__ void increment(int* counter) { atomicAdd(counter, 1); }
 __global__ void empty_kernel() {}
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::filesystem::path temp_path(const std::string& name) {
-  return std::filesystem::temp_directory_path() / ("tensorplay_" + std::to_string(::getpid()) + "_" + name);
-}
+using tp_test::read_file;
+using tp_test::temp_path;
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(graph)

@@ -7,7 +7,12 @@
 
 #include <cuda_runtime.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -98,6 +103,19 @@ void affine(const T* in, T* out, std::size_t n, T a, T b, cudaStream_t stream) {
 inline bool not_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
   return cudaStreamIsCapturing(stream, &status) == cudaSuccess && status == cudaStreamCaptureStatusNone;
+}
+
+//! A path in the temporary directory, unique to this process.
+inline std::filesystem::path temp_path(const std::string& name) {
+  return std::filesystem::temp_directory_path() / ("tensorplay_" + std::to_string(::getpid()) + "_" + name);
+}
+
+//! The whole text of a file.
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 //! Bytes of device memory in use on the current device.

@@ -212,16 +212,7 @@ def cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], defines = []
     """cuda_objects + cc_library: compiled .cu objects plus exported headers."""
     lib_srcs = []
     if srcs:
-        cuda_objects(
-            name = name + "_cu",
-            srcs = srcs,
-            hdrs = hdrs,
-            deps = deps,
-            copts = copts,
-            defines = defines,
-            visibility = ["//visibility:private"],
-            tags = kwargs.get("tags", []),
-        )
+        _private_objects(name, srcs, hdrs, deps, copts, defines, kwargs)
         lib_srcs = [":" + name + "_cu"]
     native.cc_library(
         name = name,
