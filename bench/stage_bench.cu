@@ -39,6 +39,7 @@ struct Staged {
   tp::DeviceTensor<float> out{1, stream};
   tp::Graph graph;
   unsigned max_blocks = 1;  // what the library's copy node uses: 8 blocks per SM
+  tp::detail::CopyBatch batch;
 
   explicit Staged(std::size_t n) : floats(n) {
     int sms = 1;
@@ -91,13 +92,13 @@ struct Staged {
 
   // The candidate that launches the batched copy kernel on its own (table by value), then the graph.
   void separate_kernel() {
-    tp::detail::CopyTable table;
-    table.count = 0;
-    table.first_tile[0] = 0;
-    for (std::size_t k = 0; k < N; ++k) tp::detail::add_entry(table, statics[k], inputs[k]);
-    const std::size_t tiles = table.first_tile[table.count];
-    const unsigned blocks = static_cast<unsigned>(tiles < max_blocks ? tiles : max_blocks);
-    tp::detail::batched_copy_kernel<><<<blocks, tp::detail::copy_block_threads, 0, stream>>>(table);
+    const auto here = std::source_location::current();
+    batch.start(N);
+    for (std::size_t k = 0; k < N; ++k) batch.add(inputs[k].data(), statics[k].data(), inputs[k].bytes());
+    void* args[] = {batch.parameters()};
+    const auto& library = tp::detail::KernelLibrary::on(0, here);
+    tp::detail::launch(reinterpret_cast<const void*>(library.copy(batch.log2_capacity())), dim3(batch.blocks(max_blocks)),
+                       dim3(tp::config::copy_block_threads), stream, false, args, "copy kernel", here);
     graph.replay(stream);
   }
 

@@ -1,8 +1,10 @@
 // tensorplay/device_tensor.hpp: DeviceTensor, an owning, contiguous device array from a Pool.
 #pragma once
 
+#include <tensorplay/detail/capture_context.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/error.hpp>
+#include <tensorplay/version.hpp>
 #include <tensorplay/pool.hpp>
 #include <tensorplay/stream.hpp>
 #include <tensorplay/tensor.hpp>
@@ -48,7 +50,7 @@ class DeviceTensor {
   DeviceTensor(std::size_t n, StreamRef stream, std::source_location where = std::source_location::current())
       : size_(n) {
     if (n == 0) return;
-    block_ = detail::PoolBlock::on_stream(n * sizeof(T), stream, where);
+    block_ = detail::PoolBlock(n * sizeof(T), stream.get(), [&] { return stream.device(where); }, where);
   }
 
   DeviceTensor(DeviceTensor&& other) noexcept : block_(std::move(other.block_)), size_(std::exchange(other.size_, 0)) {}

@@ -1,6 +1,8 @@
 // tensorplay/error.hpp: the two exception types and the one helper every CUDA call goes through.
 #pragma once
 
+#include <tensorplay/version.hpp>
+
 #include <cuda_runtime_api.h>
 
 #include <source_location>
@@ -53,7 +55,8 @@ class cuda_error : public std::runtime_error {
 };
 
 //! The API was misused: wrong state (replay before capture, end without begin) or a bad
-//! argument (a predicate with two elements). The object stays usable after it is thrown.
+//! argument (a predicate with two elements). The object stays usable after it is thrown, and
+//! nothing was left capturing.
 class usage_error : public std::logic_error {
  public:
   using std::logic_error::logic_error;

@@ -3,18 +3,27 @@
 //     #include <tensorplay/graph.hpp>
 //
 // error.hpp          cuda_error, usage_error
+// config.hpp         the tunable numbers, each with its reason
 // stream.hpp         StreamRef, Stream, current_stream, StreamGuard
 // tensor.hpp         tensor_traits, Tensor / ContiguousTensor / ScalarPredicate, TensorView
-// pool.hpp           Pool, PoolId, graph_pool_handle, PoolAllocator, record_stream
+// pool.hpp           Pool, PoolId, graph_pool_handle
 // device_tensor.hpp  DeviceTensor
-// graph/options.hpp  CaptureErrorMode, GraphOptions, CaptureOptions
-// graph/graph.hpp    Graph: capture, replay, conditional nodes, stage_and_launch
+// graph/options.hpp  CaptureErrorMode, GraphOptions, CaptureOptions, UpdateResult, DotFlags
+// graph/graph.hpp    Graph: capture, replay, update, retain, conditional nodes, stage_and_launch
 // graph/conditional_scope.hpp   ConditionalScope, IfScope, WhileScope
 // graph/make_graphed.hpp        make_graphed
+//
+// Not included here (each needs a library of its own): <tensorplay/thrust.hpp> (PoolAllocator),
+// <tensorplay/cublas.hpp>, <tensorplay/nccl.hpp>.
+//
+// Include tiers, lowest first: version.hpp, config.hpp, error.hpp (depend on nothing of ours);
+// detail/ (includes only the tier below); the public headers and graph/ (include anything
+// below them). Nothing includes a header of a higher tier.
 #pragma once
 
 #include <tensorplay/version.hpp>
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/device_tensor.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/conditional_scope.hpp>

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/thread_streams.hpp>
 #include <tensorplay/error.hpp>
+#include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -65,6 +67,10 @@ class StreamRef {
 
 //! An owning, non-blocking stream. Move-only; destroying it never waits for its work.
 //!
+//! It may die before what uses it: a Graph still capturing on it has its capture abandoned
+//! (capture_end then throws usage_error), and tensors whose last use ran on it wait for that
+//! work through an event before their memory is reused.
+//!
 //! Without a usable GPU the constructor throws `cuda_error`, whose message says so.
 class Stream : public StreamRef {
  public:
@@ -95,48 +101,16 @@ class Stream : public StreamRef {
   //! Gives up ownership: the caller must destroy the returned handle.
   [[nodiscard]] cudaStream_t release() noexcept { return std::exchange(stream_, nullptr); }
 
-  //! Destroys the stream now (work already issued still completes).
+  //! Destroys the stream now (work already issued still completes). A capture still open on
+  //! it is abandoned first; this thread's current-stream slots naming it are cleared.
   void reset() noexcept {
-    if (stream_ != nullptr) (void)cudaStreamDestroy(std::exchange(stream_, nullptr));
+    if (stream_ == nullptr) return;
+    const cudaStream_t stream = std::exchange(stream_, nullptr);
+    detail::thread_streams().forget(stream);
+    detail::destroy_stream(stream);
   }
 };
 
-namespace detail {
-
-//! This thread's streams, one slot per device. A null `current` slot means the legacy default stream.
-struct ThreadStreams {
-  std::array<cudaStream_t, max_devices> current{};
-  std::array<cudaStream_t, max_devices> side{};  // created on first capture from the default stream
-
-  ThreadStreams() = default;
-  ThreadStreams(const ThreadStreams&) = delete;
-  ThreadStreams& operator=(const ThreadStreams&) = delete;
-  ~ThreadStreams() {
-    for (cudaStream_t stream : side)
-      if (stream != nullptr) (void)cudaStreamDestroy(stream);
-  }
-};
-
-inline ThreadStreams& thread_streams() noexcept {
-  thread_local ThreadStreams streams;
-  return streams;
-}
-
-inline void set_current_stream(int device, cudaStream_t stream) noexcept { thread_streams().current[device] = stream; }
-
-//! This thread's side stream on `device`: where captures go when the current stream is the
-//! legacy default stream, which cannot be captured.
-inline cudaStream_t side_stream(int device, const std::source_location& where) {
-  cudaStream_t& slot = thread_streams().side[device];
-  if (slot == nullptr) {
-    DeviceGuard guard(device, where);
-    RelaxedCaptureMode relaxed;  // creating a stream must not disturb a capture on another stream
-    TENSORPLAY_CHECK(cudaStreamCreateWithFlags(&slot, cudaStreamNonBlocking), where);
-  }
-  return slot;
-}
-
-}  // namespace detail
 
 //! This thread's current stream on the current device; the legacy default stream unless a
 //! StreamGuard or an open capture made another one current.

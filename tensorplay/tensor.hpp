@@ -16,12 +16,8 @@
 
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/error.hpp>
+#include <tensorplay/version.hpp>
 
-#include <cuda/std/mdspan>
-#include <thrust/device_vector.h>
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <concepts>
@@ -31,6 +27,11 @@
 #include <span>
 #include <string>
 #include <type_traits>
+
+// The half-precision types are named, not defined, here: <cuda_fp16.h> and <cuda_bf16.h> are
+// expensive to parse, and a tensor of them needs the type complete only where it is used.
+struct __half;
+struct __nv_bfloat16;
 
 namespace tensorplay {
 
@@ -162,16 +163,52 @@ template <Tensor T>
 using element_t = std::remove_cv_t<typename detail::traits_of<T>::element_type>;
 
 // ---- adapters -------------------------------------------------------------------------
+// Thrust's vectors and mdspans are recognised by their shape, so that this header needs neither
+// Thrust nor <cuda/std/mdspan> (each costs seconds of compile time in every translation unit).
+// Where their memory is gets asked from CUDA when it matters, as for spans.
 
-template <class T, class Alloc>
-struct tensor_traits<thrust::device_vector<T, Alloc>> {
-  using element_type = T;
-  static constexpr MemorySpace space = MemorySpace::Device;
+namespace detail {
+
+//! thrust::device_vector and its kin: data() returns a fancy pointer whose get() is the raw
+//! pointer (a host vector's data() is a raw pointer, so std::vector and thrust::host_vector fail).
+template <class V>
+concept ThrustVectorShape = requires(const V& v) {
+  typename V::value_type;
+  typename V::allocator_type;
+  requires std::is_class_v<std::remove_cvref_t<decltype(v.data())>>;
+  { v.data().get() } -> std::convertible_to<const typename V::value_type*>;
+  { v.size() } -> std::convertible_to<std::size_t>;
+};
+
+//! std::mdspan / cuda::std::mdspan with an accessor whose data handle is a raw pointer
+//! (default_accessor). Dense (contiguous) when its layout is always exhaustive (layout_right,
+//! layout_left); otherwise (layout_stride) element positions come from extents and strides.
+template <class M>
+concept MdspanShape = requires(const M& m, std::size_t r) {
+  typename M::element_type;
+  typename M::extents_type;
+  typename M::layout_type;
+  typename M::accessor_type;
+  typename M::mapping_type;
+  requires std::same_as<typename M::data_handle_type, typename M::element_type*>;
+  { m.data_handle() } -> std::convertible_to<typename M::element_type*>;
+  { M::rank() } -> std::convertible_to<std::size_t>;
+  { M::is_always_exhaustive() } -> std::convertible_to<bool>;
+  { m.extent(r) } -> std::convertible_to<std::size_t>;
+  { m.stride(r) } -> std::convertible_to<std::ptrdiff_t>;
+  { m.size() } -> std::convertible_to<std::size_t>;
+};
+
+}  // namespace detail
+
+template <class V>
+  requires detail::ThrustVectorShape<V> && (!detail::MdspanShape<V>)
+struct tensor_traits<V> {
+  using element_type = typename V::value_type;
+  static constexpr MemorySpace space = MemorySpace::Unknown;
   static constexpr bool contiguous = true;
-  static T* data(const thrust::device_vector<T, Alloc>& v) noexcept {
-    return const_cast<T*>(thrust::raw_pointer_cast(v.data()));
-  }
-  static std::size_t size(const thrust::device_vector<T, Alloc>& v) noexcept { return v.size(); }
+  static element_type* data(const V& v) noexcept { return const_cast<element_type*>(v.data().get()); }
+  static std::size_t size(const V& v) noexcept { return static_cast<std::size_t>(v.size()); }
 };
 
 template <class T, std::size_t Extent>
@@ -183,20 +220,17 @@ struct tensor_traits<std::span<T, Extent>> {
   static std::size_t size(const std::span<T, Extent>& s) noexcept { return s.size(); }
 };
 
-template <class T, class Extents, class Layout, class Accessor>
-  requires std::same_as<Accessor, cuda::std::default_accessor<T>>
-struct tensor_traits<cuda::std::mdspan<T, Extents, Layout, Accessor>> {
-  using Span = cuda::std::mdspan<T, Extents, Layout, Accessor>;
-  using element_type = T;
+template <class M>
+  requires detail::MdspanShape<M>
+struct tensor_traits<M> {
+  using element_type = typename M::element_type;
   static constexpr MemorySpace space = MemorySpace::Unknown;
-  // layout_right and layout_left are dense; layout_stride is not in general.
-  static constexpr bool contiguous =
-      std::same_as<Layout, cuda::std::layout_right> || std::same_as<Layout, cuda::std::layout_left>;
-  static constexpr std::size_t rank = Extents::rank();
-  static T* data(const Span& s) noexcept { return s.data_handle(); }
-  static std::size_t size(const Span& s) noexcept { return static_cast<std::size_t>(s.size()); }
-  static std::size_t extent(const Span& s, std::size_t r) noexcept { return static_cast<std::size_t>(s.extent(r)); }
-  static std::ptrdiff_t stride(const Span& s, std::size_t r) noexcept { return static_cast<std::ptrdiff_t>(s.stride(r)); }
+  static constexpr bool contiguous = M::is_always_exhaustive();
+  static constexpr std::size_t rank = M::rank();
+  static element_type* data(const M& s) noexcept { return s.data_handle(); }
+  static std::size_t size(const M& s) noexcept { return static_cast<std::size_t>(s.size()); }
+  static std::size_t extent(const M& s, std::size_t r) noexcept { return static_cast<std::size_t>(s.extent(r)); }
+  static std::ptrdiff_t stride(const M& s, std::size_t r) noexcept { return static_cast<std::ptrdiff_t>(s.stride(r)); }
 };
 
 template <>

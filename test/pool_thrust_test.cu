@@ -2,6 +2,7 @@
 #include "support.hpp"
 
 #include <tensorplay/graph.hpp>
+#include <tensorplay/thrust.hpp>
 
 #include <boost/test/unit_test.hpp>
 

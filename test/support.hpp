@@ -69,14 +69,18 @@ __global__ void affine_kernel(const T* in, T* out, std::size_t n, T a, T b) {
 
 //! Keeps a stream busy for `nanoseconds` of wall-clock time (the GPU's global timer, so that
 //! sanitizers that stretch or skip sleeps do not shorten it).
-template <int = 0>  // a template, so that every test file may define it
-__global__ void spin_kernel(long long nanoseconds) {
+__device__ inline void spin_for(long long nanoseconds) {
   unsigned long long start = 0;
   unsigned long long now = 0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
   do {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   } while (now - start < static_cast<unsigned long long>(nanoseconds));
+}
+
+template <int = 0>  // a template, so that every test file may define it
+__global__ void spin_kernel(long long nanoseconds) {
+  spin_for(nanoseconds);
 }
 
 inline unsigned blocks_for(std::size_t n) { return static_cast<unsigned>(n / 256 + 1 < 1024 ? n / 256 + 1 : 1024); }

@@ -3,6 +3,7 @@
 
 #include <tensorplay/device_tensor.hpp>
 #include <tensorplay/tensor.hpp>
+#include <tensorplay/thrust.hpp>
 
 #include <boost/test/unit_test.hpp>
 

@@ -17,9 +17,16 @@
 //     stream that used it (the allocation stream and those declared with record_use).
 //   - deferred: freed inside a capture after being used on another stream; not reusable
 //     until the capture ends.
+//
+// Streams die before the memory used on them (a tensor kept after the tensorplay::Stream it was
+// allocated on). Before a Stream is destroyed, retire_stream() records one event on it and
+// replaces every reference to the stream by that event, so that no CUDA call ever names a
+// destroyed stream, and a new stream that happens to get the same handle cannot match a stale key.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/error.hpp>
 
@@ -40,9 +47,22 @@
 
 namespace tensorplay::detail {
 
+//! An event recorded on a stream just before it was destroyed: work issued to that stream has
+//! completed once the event has. Shared by every block that referred to the stream.
+struct StreamEndMarker {
+  cudaEvent_t event = nullptr;
+  StreamEndMarker() = default;
+  StreamEndMarker(const StreamEndMarker&) = delete;
+  StreamEndMarker& operator=(const StreamEndMarker&) = delete;
+  ~StreamEndMarker() {
+    if (event != nullptr) (void)cudaEventDestroy(event);
+  }
+};
+
 struct PendingUse {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t event = nullptr;  // null until recorded (recording waits while the stream captures)
+  cudaStream_t stream = nullptr;  // null when the use was on a stream that no longer exists
+  cudaEvent_t event = nullptr;    // null until recorded (recording waits while the stream captures)
+  std::shared_ptr<const StreamEndMarker> ended;  // the destroyed stream's last event
 };
 
 struct Block {
@@ -54,19 +74,21 @@ struct Block {
   Block* next = nullptr;
   State state = State::Free;
   bool settled = false;
-  cudaStream_t stream = nullptr;  // the allocation stream (free blocks: part of the reuse key)
+  cudaStream_t stream = nullptr;  // the allocation stream (free blocks: part of the reuse key);
+                                  // null once that stream was destroyed (see `ended`)
   CaptureSeq seq = 0;             // capture sequence of the allocation or of the free
-  std::vector<cudaStream_t> uses; // other streams that used the block (record_use)
+  std::vector<cudaStream_t> uses; // other live streams that used the block (record_use)
+  std::vector<std::shared_ptr<const StreamEndMarker>> ended;  // destroyed streams that used it
   std::vector<PendingUse> pending;
 };
 
-// Sizes: everything is rounded to 512 bytes (keeps 256-byte alignment, which CUDA's own
-// allocations give); small requests share 2 MiB segments, mid-size ones 20 MiB segments.
-inline constexpr std::size_t round_bytes = 512;
-inline constexpr std::size_t small_request = std::size_t{1} << 20;
-inline constexpr std::size_t small_segment = std::size_t{2} << 20;
-inline constexpr std::size_t mid_request = std::size_t{10} << 20;
-inline constexpr std::size_t mid_segment = std::size_t{20} << 20;
+// Sizes (config.hpp says why): everything is rounded to 512 bytes; small requests share 2 MiB
+// segments, mid-size ones 20 MiB segments.
+inline constexpr std::size_t round_bytes = config::pool_round_bytes;
+inline constexpr std::size_t small_request = config::pool_small_request;
+inline constexpr std::size_t small_segment = config::pool_small_segment;
+inline constexpr std::size_t mid_request = config::pool_mid_request;
+inline constexpr std::size_t mid_segment = config::pool_mid_segment;
 
 constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
 
@@ -98,7 +120,7 @@ inline CaptureSeq cuda_capture_seq(cudaStream_t stream) noexcept {
 inline const AllocatorBackend cuda_backend{
     [](void** ptr, std::size_t bytes) {
       RelaxedCaptureMode relaxed;  // a global-mode capture elsewhere must not be invalidated
-      return cudaMalloc(ptr, bytes);
+      return malloc_device(ptr, bytes);
     },
     [](int device, const std::vector<void*>& segments) { CaptureRegistry::instance().release_segments(device, segments); },
     &cuda_capture_seq,
@@ -162,7 +184,7 @@ class PoolImpl {
   void free(Block* block) noexcept {
     std::lock_guard lock(mutex_);
     allocated_ -= block->size;
-    if (!capture_seqs_.empty()) {
+    if (!capture_seqs_.empty() && block->stream != nullptr) {
       const CaptureSeq seq = backend_->capture_seq(block->stream);
       if (seq != 0 && std::find(capture_seqs_.begin(), capture_seqs_.end(), seq) != capture_seqs_.end()) {
         if (block->uses.empty()) {
@@ -175,7 +197,7 @@ class PoolImpl {
         return;
       }
     }
-    if (kind_ == Kind::Default && block->uses.empty()) {
+    if (kind_ == Kind::Default && block->uses.empty() && block->ended.empty() && block->stream != nullptr) {
       block->seq = 0;
       insert_free(block);
       return;
@@ -184,10 +206,71 @@ class PoolImpl {
     // go to whatever stream a later capture uses): wait until every use has completed.
     block->state = Block::State::Pending;
     block->pending.clear();
-    block->pending.push_back({block->stream, nullptr});
-    for (cudaStream_t s : block->uses) block->pending.push_back({s, nullptr});
+    if (block->stream != nullptr) block->pending.push_back({block->stream, nullptr, nullptr});
+    for (cudaStream_t s : block->uses) block->pending.push_back({s, nullptr, nullptr});
+    for (auto& marker : block->ended) block->pending.push_back({nullptr, nullptr, std::move(marker)});
+    block->ended.clear();
     for (PendingUse& use : block->pending) (void)try_record(use);  // now, while the streams surely exist
     pending_.push_back(block);
+  }
+
+  //! `stream` is about to be destroyed: every reference to it is replaced by an event recorded
+  //! on it now (one per pool, shared by the blocks). `make_marker` records that event; it returns
+  //! null when it cannot (the stream captures), and the blocks then wait for the pool's end.
+  template <class MakeMarker>
+  void retire_stream(cudaStream_t stream, MakeMarker&& make_marker) noexcept {
+    std::lock_guard lock(mutex_);
+    std::shared_ptr<const StreamEndMarker> marker;
+    bool asked = false;
+    auto get_marker = [&] {
+      if (!asked) {
+        asked = true;
+        marker = make_marker();
+      }
+      return marker;
+    };
+    std::vector<Block*> now_pending;
+    auto wait_for_marker = [&](Block* b) {
+      if (auto m = get_marker()) b->ended.push_back(std::move(m));
+      else b->seq = never_reused;
+    };
+    for_each_block([&](Block* b) {
+      const bool used_there = std::erase(b->uses, stream) > 0;
+      if (used_there && b->state == Block::State::Allocated && b->stream != stream) wait_for_marker(b);
+      if (b->stream != stream) return;
+      switch (b->state) {
+        case Block::State::Allocated:
+          b->stream = nullptr;
+          wait_for_marker(b);
+          return;
+        case Block::State::Free:
+          if (b->settled) return;  // keyed by no stream
+          free_.erase(b);
+          b->stream = nullptr;
+          b->state = Block::State::Pending;
+          b->pending.clear();
+          if (auto m = get_marker()) b->pending.push_back({nullptr, nullptr, std::move(m)});
+          else b->seq = never_reused;
+          now_pending.push_back(b);
+          return;
+        case Block::State::Pending:
+        case Block::State::Deferred:
+          b->stream = nullptr;
+          return;
+      }
+    });
+    for (Block* b : pending_) {
+      for (PendingUse& use : b->pending) {
+        if (use.stream != stream) continue;
+        use.stream = nullptr;
+        if (use.event == nullptr) {
+          // Not recorded yet (the stream was capturing when the block was freed).
+          if (auto m = get_marker()) use.ended = std::move(m);
+          else b->seq = never_reused;
+        }
+      }
+    }
+    for (Block* b : now_pending) pending_.push_back(b);
   }
 
   //! Declares that `block` is used on `stream` too, besides its allocation stream.
@@ -437,7 +520,8 @@ class PoolImpl {
   //! Records the event of a pending use, unless its stream is being captured right now (then
   //! a later poll records it: an event recorded later covers at least the same work).
   bool try_record(PendingUse& use) noexcept {
-    if (use.event != nullptr) return true;
+    if (use.event != nullptr || use.ended) return true;
+    if (use.stream == nullptr) return false;  // retired without a marker: never completes
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(use.stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) {
       (void)cudaGetLastError();
@@ -445,7 +529,7 @@ class PoolImpl {
     }
     use.event = spare_event();
     if (use.event == nullptr) return false;
-    if (cudaEventRecord(use.event, use.stream) != cudaSuccess) {
+    if (event_record(use.event, use.stream) != cudaSuccess) {
       (void)cudaGetLastError();
       spare_events_.push_back(std::exchange(use.event, nullptr));
       return false;
@@ -456,24 +540,31 @@ class PoolImpl {
   //! Moves pending blocks whose uses have all completed into the free set.
   void poll_pending() noexcept {
     std::erase_if(pending_, [&](Block* b) {
+      if (b->seq == never_reused) return false;
       bool done = true;
       for (PendingUse& use : b->pending) {
         if (!try_record(use)) {
           done = false;
           continue;
         }
-        if (cudaEventQuery(use.event) != cudaSuccess) {
+        const cudaEvent_t event = use.ended ? use.ended->event : use.event;
+        if (cudaEventQuery(event) != cudaSuccess) {
           (void)cudaGetLastError();
           done = false;
         }
       }
       if (!done) return false;
-      for (PendingUse& use : b->pending) spare_events_.push_back(use.event);
+      for (PendingUse& use : b->pending)
+        if (use.event != nullptr) spare_events_.push_back(use.event);
       b->pending.clear();
       settle_and_insert(b);
       return true;
     });
   }
+
+  // The `seq` of a block whose last use cannot be waited for (its stream was destroyed while a
+  // capture not made by tensorplay ran on it): the block is never handed out again.
+  static constexpr CaptureSeq never_reused = ~CaptureSeq{0};
 
   const int device_;
   const std::uint64_t serial_;

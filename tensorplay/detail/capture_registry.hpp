@@ -10,7 +10,7 @@
 // the query costs about as much as the rest of capture_begin's bookkeeping together.
 #pragma once
 
-#include <tensorplay/detail/graph_api.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -21,10 +21,22 @@
 
 namespace tensorplay::detail {
 
-//! Identifies one capture sequence (cudaStreamGetCaptureInfo's id); 0 means "not capturing".
-using CaptureSeq = unsigned long long;
+class CaptureContext;  // capture_context.hpp: what an open capture allocates from
 
-class CaptureContext;  // pool.hpp: what an open capture allocates from
+//! What owns an open capture: the registry asks it to abandon the capture when the capture's
+//! stream is about to be destroyed (stream_lifetime.hpp), so that no capture outlives its stream.
+class CaptureOwner {
+ public:
+  //! Ends every open body and the capture, discarding what was captured. Runs before the
+  //! stream is destroyed, on the thread destroying it.
+  virtual void abandon_because_stream_destroyed() noexcept = 0;
+
+ protected:
+  CaptureOwner() = default;
+  CaptureOwner(const CaptureOwner&) = default;
+  CaptureOwner& operator=(const CaptureOwner&) = default;
+  ~CaptureOwner() = default;
+};
 
 class CaptureRegistry {
  public:
@@ -39,16 +51,16 @@ class CaptureRegistry {
   //! A capture on `stream` starts; allocations on its streams go through `context`, and its
   //! streams belong to `device`. `seq` may be 0 (not asked yet): it is then asked of CUDA
   //! when a lookup first needs it.
-  void add_capture(CaptureContext* context, cudaStream_t stream, CaptureSeq seq, int device) {
+  void add_capture(CaptureContext* context, CaptureOwner* owner, cudaStream_t stream, CaptureSeq seq, int device) {
     std::lock_guard lock(mutex_);
-    entries_.push_back({seq, stream, context, device});
+    entries_.push_back({seq, stream, context, owner, device});
     open_.store(open_.load(std::memory_order_relaxed) + 1, std::memory_order_release);  // writers hold the mutex
   }
 
   //! A conditional body (sequence `seq`) of the capture that registered `context` starts.
   void add_body(CaptureContext* context, CaptureSeq seq, int device) {
     std::lock_guard lock(mutex_);
-    entries_.push_back({seq, nullptr, context, device});
+    entries_.push_back({seq, nullptr, context, nullptr, device});
   }
 
   //! The body ended.
@@ -69,6 +81,19 @@ class CaptureRegistry {
       if (open == 0) due.swap(buried_);
     }
     for (auto [device, ptr] : due) free_segment(device, ptr);
+  }
+
+  //! Abandons every capture whose origin stream is `stream` (it is about to be destroyed).
+  void abandon_captures_on(cudaStream_t stream) noexcept {
+    if (!any_open()) return;
+    std::vector<CaptureOwner*> owners;
+    {
+      std::lock_guard lock(mutex_);
+      for (const Entry& e : entries_)
+        if (e.stream == stream && e.owner != nullptr) owners.push_back(e.owner);
+    }
+    // Outside the lock: abandoning unregisters the capture.
+    for (CaptureOwner* owner : owners) owner->abandon_because_stream_destroyed();
   }
 
   //! The context registered for capture sequence `seq`, or null.
@@ -124,6 +149,7 @@ class CaptureRegistry {
     CaptureSeq seq;        // 0: a capture whose id nobody has asked for yet
     cudaStream_t stream;   // a capture's origin stream; null for a conditional body
     CaptureContext* context;
+    CaptureOwner* owner;   // null for a conditional body
     int device;
   };
 

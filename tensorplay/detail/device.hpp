@@ -1,8 +1,9 @@
 // tensorplay/detail/device.hpp: current-device queries and a guard that switches device only when needed.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/graph_api.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
@@ -13,8 +14,7 @@
 
 namespace tensorplay::detail {
 
-//! Devices beyond this index are refused: per-thread tables are fixed arrays of this size.
-inline constexpr int max_devices = 64;
+using config::max_devices;
 
 inline int current_device(const std::source_location& where) {
   int device = 0;

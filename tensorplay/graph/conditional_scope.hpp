@@ -1,9 +1,11 @@
 // tensorplay/graph/conditional_scope.hpp: ConditionalScope, IfScope, WhileScope.
 #pragma once
 
+#include <tensorplay/graph/conditional_builder.hpp>
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/stream.hpp>
 #include <tensorplay/tensor.hpp>
+#include <tensorplay/version.hpp>
 
 #include <cstddef>
 #include <exception>
@@ -24,9 +26,9 @@ template <ConditionalKind K>
 class ConditionalScope {
  public:
   template <class P>
-    requires detail::Predicate<P>
   ConditionalScope(Graph& graph, const P& pred, std::source_location where = std::source_location::current())
       : graph_(&graph), uncaught_(std::uncaught_exceptions()), where_(where) {
+    static_assert(detail::check_predicate_type<P>());
     if constexpr (K == ConditionalKind::If) {
       graph.begin_capture_to_if_node(pred, where);
     } else {

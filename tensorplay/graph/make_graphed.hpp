@@ -5,6 +5,7 @@
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/graph/options.hpp>
 #include <tensorplay/stream.hpp>
+#include <tensorplay/version.hpp>
 
 #include <functional>
 #include <optional>
@@ -48,7 +49,7 @@ class Graphed {
     if constexpr (std::is_void_v<Output>) {
       return;
     } else if constexpr (std::is_reference_v<Output>) {
-      return static_cast<Output>(*output_);
+      return static_cast<Output>(**output_);  // a pointer to what the body returned
     } else {
       return static_cast<Output&>(*output_);
     }

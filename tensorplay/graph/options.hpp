@@ -1,9 +1,11 @@
-// tensorplay/graph/options.hpp: CaptureErrorMode, GraphOptions, CaptureOptions.
+// tensorplay/graph/options.hpp: CaptureErrorMode, GraphOptions, CaptureOptions, DotFlags, and
+// the result of Graph::update.
 #pragma once
 
 #include <tensorplay/error.hpp>
 #include <tensorplay/pool.hpp>
 #include <tensorplay/stream.hpp>
+#include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -47,6 +49,9 @@ struct GraphOptions {
   //! Empty: each capture goes into a fresh private pool.
   Pool pool = {};
   CaptureErrorMode capture_error_mode = CaptureErrorMode::Global;
+  //! Upload the executable to the device when capture ends (cudaGraphUpload), so that the first
+  //! replay costs what later ones cost.
+  bool upload = false;
 };
 
 //! Per-capture overrides of a Graph's settings.
@@ -58,7 +63,83 @@ struct CaptureOptions {
   std::optional<StreamRef> stream;
 };
 
+//! What Graph::update did.
+enum class UpdateOutcome {
+  Updated,         //!< the executable was patched in place (cudaGraphExecUpdate)
+  Reinstantiated,  //!< CUDA refused the update (the topology changed, say): compiled anew
+};
+
+//! Why update() did what it did. A user can log why an update fell back:
+//!
+//!     auto r = graph.update(step);
+//!     if (r.outcome == tensorplay::UpdateOutcome::Reinstantiated) log(r.reason, r.error_node);
+struct UpdateResult {
+  UpdateOutcome outcome = UpdateOutcome::Updated;
+  //! cudaGraphExecUpdateSuccess when updated in place; otherwise CUDA's reason.
+  cudaGraphExecUpdateResult reason = cudaGraphExecUpdateSuccess;
+  //! The type of the node CUDA refused, when it names one.
+  std::optional<cudaGraphNodeType> error_node;
+};
+
+//! What debug_dump writes, besides the graph's structure (cudaGraphDebugDotFlags).
+enum class DotFlags : unsigned {
+  Default = 0,            //!< node types and edges
+  Verbose = 1,            //!< every attribute of every node
+  KernelParams = 2,       //!< kernel names, grids and parameters
+  Handles = 4,            //!< CUDA handles of nodes, graphs and events
+  ConditionalParams = 8,  //!< conditional handles, types and body counts
+};
+[[nodiscard]] constexpr DotFlags operator|(DotFlags a, DotFlags b) noexcept {
+  return static_cast<DotFlags>(static_cast<unsigned>(a) | static_cast<unsigned>(b));
+}
+[[nodiscard]] constexpr bool has_flag(DotFlags set, DotFlags flag) noexcept {
+  return (static_cast<unsigned>(set) & static_cast<unsigned>(flag)) != 0;
+}
+
+[[nodiscard]] constexpr std::string_view to_string(cudaGraphNodeType type) noexcept {
+  switch (type) {
+    case cudaGraphNodeTypeKernel: return "kernel";
+    case cudaGraphNodeTypeMemcpy: return "memcpy";
+    case cudaGraphNodeTypeMemset: return "memset";
+    case cudaGraphNodeTypeHost: return "host";
+    case cudaGraphNodeTypeGraph: return "child graph";
+    case cudaGraphNodeTypeEmpty: return "empty";
+    case cudaGraphNodeTypeWaitEvent: return "event wait";
+    case cudaGraphNodeTypeEventRecord: return "event record";
+    case cudaGraphNodeTypeExtSemaphoreSignal: return "external semaphore signal";
+    case cudaGraphNodeTypeExtSemaphoreWait: return "external semaphore wait";
+    case cudaGraphNodeTypeMemAlloc: return "memory allocation";
+    case cudaGraphNodeTypeMemFree: return "memory free";
+    case cudaGraphNodeTypeConditional: return "conditional";
+    default: return "unknown";
+  }
+}
+
+[[nodiscard]] constexpr std::string_view to_string(cudaGraphExecUpdateResult result) noexcept {
+  switch (result) {
+    case cudaGraphExecUpdateSuccess: return "success";
+    case cudaGraphExecUpdateError: return "error";
+    case cudaGraphExecUpdateErrorTopologyChanged: return "topology changed";
+    case cudaGraphExecUpdateErrorNodeTypeChanged: return "node type changed";
+    case cudaGraphExecUpdateErrorFunctionChanged: return "kernel function changed";
+    case cudaGraphExecUpdateErrorParametersChanged: return "parameters changed in a way that cannot be updated";
+    case cudaGraphExecUpdateErrorNotSupported: return "not supported";
+    case cudaGraphExecUpdateErrorUnsupportedFunctionChange: return "unsupported kernel function change";
+    case cudaGraphExecUpdateErrorAttributesChanged: return "launch attributes changed";
+    default: return "unknown";
+  }
+}
+
 namespace detail {
+
+constexpr unsigned to_cuda(DotFlags flags) noexcept {
+  unsigned out = 0;
+  if (has_flag(flags, DotFlags::Verbose)) out |= cudaGraphDebugDotFlagsVerbose;
+  if (has_flag(flags, DotFlags::KernelParams)) out |= cudaGraphDebugDotFlagsKernelNodeParams;
+  if (has_flag(flags, DotFlags::Handles)) out |= cudaGraphDebugDotFlagsHandles;
+  if (has_flag(flags, DotFlags::ConditionalParams)) out |= cudaGraphDebugDotFlagsConditionalNodeParams;
+  return out;
+}
 
 constexpr cudaStreamCaptureMode to_cuda(CaptureErrorMode mode) noexcept {
   switch (mode) {

@@ -1,0 +1,52 @@
+// tensorplay/config.hpp: every tunable number of the library, each with the reason for its value.
+#pragma once
+
+#include <tensorplay/version.hpp>
+
+#include <cstddef>
+
+namespace tensorplay::config {
+
+// ---- devices -------------------------------------------------------------------------------
+
+//! Devices beyond this index are refused: per-thread tables (current stream, side stream) are
+//! fixed arrays of this size, so that looking up the current stream costs one load.
+inline constexpr int max_devices = 64;
+
+// ---- pools ---------------------------------------------------------------------------------
+
+//! Every allocation is rounded up to this many bytes. 512 keeps the 256-byte alignment CUDA's own
+//! allocations give (vectorised kernels rely on it) and bounds the bookkeeping per block.
+inline constexpr std::size_t pool_round_bytes = 512;
+//! Requests up to this size share small segments, so that many tiny tensors cost one cudaMalloc.
+inline constexpr std::size_t pool_small_request = std::size_t{1} << 20;
+//! Size of a small segment: 2 MiB is the GPU's large-page size, the smallest cudaMalloc that
+//! does not waste a page.
+inline constexpr std::size_t pool_small_segment = std::size_t{2} << 20;
+//! Requests below this size share mid-size segments.
+inline constexpr std::size_t pool_mid_request = std::size_t{10} << 20;
+//! Size of a mid-size segment: room for at least two mid-size requests.
+inline constexpr std::size_t pool_mid_segment = std::size_t{20} << 20;
+
+// ---- staging copies ------------------------------------------------------------------------
+
+//! Threads per block of the copy kernels: 256 keeps 8 blocks resident per SM on every
+//! architecture since Volta, enough to saturate the memory system with 16-byte accesses.
+inline constexpr int copy_block_threads = 256;
+//! Words (16 bytes each) one thread moves per pass, all loads before the stores, so that each
+//! thread has four independent loads in flight.
+inline constexpr int copy_unroll = 4;
+//! Bytes one block moves per tile (256 threads x 4 x 16 bytes). A tile never spans two entries,
+//! so smaller tiles balance better and larger ones cost fewer index computations.
+inline constexpr std::size_t copy_tile_bytes = std::size_t{copy_block_threads} * copy_unroll * 16;
+//! Blocks per SM for the copy grid: 8 blocks of 256 threads fill an SM (2048 threads).
+inline constexpr int copy_blocks_per_sm = 8;
+//! The largest copy table one kernel launch carries. The table travels in the kernel's
+//! parameters (no device buffer to guard); 64 entries take about 2 KiB of the 4 KiB limit.
+//! Tables are sized to the next power of two of the pairs batched (1, 2, 4, ... 64), so that
+//! stage_and_launch writes only as many bytes as it uses.
+inline constexpr int copy_table_max = 64;
+//! Strided sources up to this rank are gathered by the copy kernels.
+inline constexpr int max_gather_rank = 8;
+
+}  // namespace tensorplay::config

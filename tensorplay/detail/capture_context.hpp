@@ -1,0 +1,153 @@
+// tensorplay/detail/capture_context.hpp: what an open capture allocates from, and where an
+// allocation goes (the pool of the capture its stream belongs to, or the device's default pool).
+#pragma once
+
+#include <tensorplay/detail/caching_allocator.hpp>
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/pool_directory.hpp>
+#include <tensorplay/detail/thread_streams.hpp>
+#include <tensorplay/error.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <source_location>
+#include <utility>
+#include <vector>
+
+namespace tensorplay::detail {
+
+//! What an open capture allocates from. A graph with no pool of its own gets a fresh private
+//! pool on the first allocation of its capture: most captures allocate nothing, and making a
+//! pool for each would cost them a third of a microsecond.
+class CaptureContext {
+ public:
+  //! A capture on `stream` starts: `pool` is the graph's pool, or null for "make one when
+  //! needed"; `seq` is the capture's sequence id, or 0 when CUDA has not been asked yet.
+  //! Called before the context is registered: no other thread can reach it yet.
+  void open(int device, cudaStream_t stream, CaptureSeq seq, std::shared_ptr<PoolImpl> pool) noexcept {
+    device_ = device;
+    stream_ = stream;
+    seq_ = seq;
+    bodies_.clear();
+    pool_ = std::move(pool);
+  }
+
+  //! The capture's pool, made now if it has none yet.
+  std::shared_ptr<PoolImpl> pool() {
+    std::lock_guard lock(mutex_);
+    if (!pool_) {
+      auto pool = PoolDirectory::instance().make_graph_pool(device_);
+      (void)pool->try_begin_capture(sequence());  // a fresh pool: nobody else captures into it
+      for (CaptureSeq body : bodies_) pool->add_body_sequence(body);
+      pool_ = std::move(pool);
+    }
+    return pool_;
+  }
+
+  void body_opened(CaptureSeq seq) {
+    std::lock_guard lock(mutex_);
+    bodies_.push_back(seq);
+    if (pool_) pool_->add_body_sequence(seq);
+  }
+
+  //! A body closed; `parent_seq` 0 means the capture itself is its parent.
+  void body_closed(CaptureSeq body_seq, cudaStream_t body_stream, CaptureSeq parent_seq, cudaStream_t parent_stream) noexcept {
+    std::lock_guard lock(mutex_);
+    std::erase(bodies_, body_seq);
+    if (pool_) pool_->end_body_sequence(body_seq, body_stream, parent_seq != 0 ? parent_seq : sequence(), parent_stream);
+  }
+
+  //! The capture ended: the pool (null if none was made) settles what the capture freed.
+  std::shared_ptr<PoolImpl> close() noexcept {
+    std::lock_guard lock(mutex_);
+    if (pool_) pool_->end_capture();
+    bodies_.clear();
+    return std::move(pool_);
+  }
+
+ private:
+  // The capture's sequence id, asked of CUDA the first time it is needed. Mutex held.
+  CaptureSeq sequence() noexcept {
+    if (seq_ == 0) seq_ = capture_seq_or_zero(stream_);
+    return seq_;
+  }
+
+  std::mutex mutex_;
+  int device_ = -1;
+  cudaStream_t stream_ = nullptr;
+  CaptureSeq seq_ = 0;              // 0 until asked (see sequence())
+  std::vector<CaptureSeq> bodies_;  // open conditional bodies
+  std::shared_ptr<PoolImpl> pool_;
+};
+
+//! Where an allocation on `stream` goes: the pool of the capture the stream belongs to, or
+//! the default pool of the stream's device when the stream is not being captured.
+struct Route {
+  std::shared_ptr<PoolImpl> pool;
+  CaptureSeq seq;
+};
+
+//! `device_of()` is asked only when the default pool is the answer: the device of a
+//! capturing stream is the capture's (and CUDA will not tell it while the stream captures).
+template <class DeviceOf>
+Route route_allocation(cudaStream_t stream, DeviceOf&& device_of, const std::source_location& where) {
+  (void)where;
+  auto& registry = CaptureRegistry::instance();
+  if (registry.any_open()) {
+    // An error means not capturing: e.g. the legacy stream next to a capture.
+    if (const CaptureSeq seq = capture_seq_or_zero(stream); seq != 0) {
+      if (CaptureContext* context = registry.find(seq)) return {context->pool(), seq};
+      throw_usage(
+          "allocation on a stream that is being captured, but not by a tensorplay::Graph: capture "
+          "with Graph::capture_begin so that the memory comes from the graph's pool");
+    }
+  }
+  return {PoolDirectory::instance().default_pool(device_of()), 0};
+}
+
+//! One allocation: keeps its pool alive, gives the block back on destruction.
+class PoolBlock {
+ public:
+  PoolBlock() noexcept = default;
+  template <class DeviceOf>
+  PoolBlock(std::size_t bytes, cudaStream_t stream, DeviceOf&& device_of, const std::source_location& where) {
+    Route route = route_allocation(stream, device_of, where);
+    block_ = route.pool->allocate(bytes, stream, route.seq, where);
+    pool_ = std::move(route.pool);
+  }
+  //! For use on this thread's current stream of the current device.
+  static PoolBlock on_current_stream(std::size_t bytes, const std::source_location& where) {
+    const int device = current_device(where);
+    return PoolBlock(bytes, thread_streams().current[device], [device] { return device; }, where);
+  }
+
+  PoolBlock(PoolBlock&& other) noexcept
+      : pool_(std::move(other.pool_)), block_(std::exchange(other.block_, nullptr)) {}
+  PoolBlock& operator=(PoolBlock&& other) noexcept {
+    PoolBlock moved(std::move(other));
+    std::swap(pool_, moved.pool_);
+    std::swap(block_, moved.block_);
+    return *this;
+  }
+  PoolBlock(const PoolBlock&) = delete;
+  PoolBlock& operator=(const PoolBlock&) = delete;
+  ~PoolBlock() {
+    if (block_ != nullptr) pool_->free(block_);
+  }
+
+  [[nodiscard]] void* ptr() const noexcept { return block_ == nullptr ? nullptr : block_->ptr; }
+  [[nodiscard]] const std::shared_ptr<PoolImpl>& pool() const noexcept { return pool_; }
+  void record_use(cudaStream_t stream) const {
+    if (block_ != nullptr) pool_->record_use(block_, stream);
+  }
+
+ private:
+  std::shared_ptr<PoolImpl> pool_;
+  Block* block_ = nullptr;
+};
+
+}  // namespace tensorplay::detail

@@ -1,0 +1,61 @@
+// tensorplay/detail/handles.hpp: one move-only owner per kind of CUDA handle the library owns.
+//
+// Each owner destroys its handle exactly once, in a noexcept destructor that ignores the status
+// (a destructor cannot report it, and the handle is gone either way). Moving leaves the source
+// empty; move-assignment destroys what the target held. Types that hold only these owners follow
+// the rule of zero.
+#pragma once
+
+#include <tensorplay/version.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <utility>
+
+namespace tensorplay::detail {
+
+//! Owns one handle of type `Handle`; `Destroy` is a function returning cudaError_t.
+template <class Handle, auto Destroy>
+class UniqueHandle {
+ public:
+  constexpr UniqueHandle() noexcept = default;
+  //! Takes ownership of `handle` (which may be null).
+  constexpr explicit UniqueHandle(Handle handle) noexcept : handle_(handle) {}
+  UniqueHandle(UniqueHandle&& other) noexcept : handle_(std::exchange(other.handle_, Handle{})) {}
+  UniqueHandle& operator=(UniqueHandle&& other) noexcept {
+    UniqueHandle moved(std::move(other));
+    std::swap(handle_, moved.handle_);
+    return *this;
+  }
+  UniqueHandle(const UniqueHandle&) = delete;
+  UniqueHandle& operator=(const UniqueHandle&) = delete;
+  ~UniqueHandle() { reset(); }
+
+  [[nodiscard]] constexpr Handle get() const noexcept { return handle_; }
+  constexpr explicit operator bool() const noexcept { return handle_ != Handle{}; }
+
+  //! Destroys the handle now (if any).
+  void reset() noexcept {
+    if (handle_ != Handle{}) (void)Destroy(std::exchange(handle_, Handle{}));
+  }
+  //! Gives up ownership: the caller destroys the returned handle.
+  [[nodiscard]] Handle release() noexcept { return std::exchange(handle_, Handle{}); }
+  //! Where a CUDA create call writes a new handle: destroys the current one first.
+  [[nodiscard]] Handle* out() noexcept {
+    reset();
+    return &handle_;
+  }
+
+ private:
+  Handle handle_{};
+};
+
+inline cudaError_t release_user_object(cudaUserObject_t object) noexcept { return cudaUserObjectRelease(object, 1); }
+
+using GraphHandle = UniqueHandle<cudaGraph_t, &cudaGraphDestroy>;
+using ExecHandle = UniqueHandle<cudaGraphExec_t, &cudaGraphExecDestroy>;
+using EventHandle = UniqueHandle<cudaEvent_t, &cudaEventDestroy>;
+//! One reference to a user object (cudaUserObjectRelease of one reference on destruction).
+using UserObjectRef = UniqueHandle<cudaUserObject_t, &release_user_object>;
+
+}  // namespace tensorplay::detail

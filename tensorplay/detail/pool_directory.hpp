@@ -1,0 +1,118 @@
+// tensorplay/detail/pool_directory.hpp: every live pool, the default pool of each device, where
+// an allocation goes (routing), and PoolBlock, one allocation that keeps its pool alive.
+#pragma once
+
+#include <tensorplay/config.hpp>
+#include <tensorplay/detail/caching_allocator.hpp>
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/error.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <source_location>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace tensorplay::detail {
+
+
+//! Every live pool by serial (for Pool(PoolId)), and the process-wide default pool per device.
+class PoolDirectory {
+ public:
+  static PoolDirectory& instance() {
+    static auto* directory = new PoolDirectory;  // leaked on purpose, like the default pools
+    return *directory;
+  }
+
+  std::shared_ptr<PoolImpl> make_graph_pool(int device) {
+    std::lock_guard lock(mutex_);
+    const std::uint64_t serial = ++last_serial_;
+    std::shared_ptr<PoolImpl> pool(new PoolImpl(device, serial, PoolImpl::Kind::Graph), [](PoolImpl* p) {
+      PoolDirectory::instance().forget(p->serial());
+      delete p;
+    });
+    live_[serial] = pool;
+    return pool;
+  }
+
+  std::shared_ptr<PoolImpl> find(std::uint64_t serial) {
+    std::lock_guard lock(mutex_);
+    auto it = live_.find(serial);
+    return it == live_.end() ? nullptr : it->second.lock();
+  }
+
+  //! The default pool of `device`. Never destroyed (a tensor in a static object may still
+  //! free into it during exit); at exit its unused memory goes back to CUDA, while the
+  //! runtime is still loaded: the handler is registered after the runtime's own.
+  const std::shared_ptr<PoolImpl>& default_pool(int device) {
+    std::shared_ptr<PoolImpl>& slot = defaults_[device];
+    if (!ready_[device].load(std::memory_order_acquire)) {
+      std::lock_guard lock(mutex_);
+      if (!ready_[device].load(std::memory_order_relaxed)) {
+        const std::uint64_t serial = ++last_serial_;
+        slot = std::shared_ptr<PoolImpl>(new PoolImpl(device, serial, PoolImpl::Kind::Default));
+        live_[serial] = slot;
+        if (!exit_handler_) exit_handler_ = std::atexit([] { PoolDirectory::instance().release_unused_default_memory(); }) == 0;
+        ready_[device].store(true, std::memory_order_release);
+      }
+    }
+    return slot;
+  }
+
+  //! `stream` is about to be destroyed: every pool replaces its references to the stream by an
+  //! event recorded on it now (caching_allocator.hpp explains why).
+  void retire_stream(cudaStream_t stream) noexcept {
+    std::vector<std::shared_ptr<PoolImpl>> pools;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& [serial, weak] : live_)
+        if (auto pool = weak.lock()) pools.push_back(std::move(pool));
+    }
+    auto make_marker = [stream]() -> std::shared_ptr<const StreamEndMarker> {
+      if (is_capturing_or_false(stream)) return nullptr;  // an event recorded now would be captured
+      auto marker = std::make_shared<StreamEndMarker>();
+      RelaxedCaptureMode relaxed;  // creating an event must not disturb a capture elsewhere
+      if (cudaEventCreateWithFlags(&marker->event, cudaEventDisableTiming) != cudaSuccess ||
+          event_record(marker->event, stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+      }
+      return marker;
+    };
+    for (auto& pool : pools) pool->retire_stream(stream, make_marker);
+  }
+
+  //! Gives CUDA back the default pools' memory that no tensor uses. Returns the bytes released.
+  std::size_t release_unused_default_memory() noexcept {
+    if (CaptureRegistry::instance().any_open()) return 0;  // cudaFree would break the capture
+    std::size_t bytes = 0;
+    for (int device = 0; device < max_devices; ++device)
+      if (ready_[device].load(std::memory_order_acquire)) bytes += defaults_[device]->release_unused_segments();
+    return bytes;
+  }
+
+ private:
+  void forget(std::uint64_t serial) {
+    std::lock_guard lock(mutex_);
+    live_.erase(serial);
+  }
+
+  std::mutex mutex_;
+  std::uint64_t last_serial_ = 0;
+  std::unordered_map<std::uint64_t, std::weak_ptr<PoolImpl>> live_;
+  std::array<std::shared_ptr<PoolImpl>, max_devices> defaults_{};
+  std::array<std::atomic<bool>, max_devices> ready_{};
+  bool exit_handler_ = false;
+};
+
+}  // namespace tensorplay::detail

@@ -1,0 +1,211 @@
+// tensorplay/graph/capture_session.hpp: one open capture of a Graph: begin, end, abandon, the
+// open conditional bodies, and the bookkeeping that routes the capture's allocations.
+//
+// Conditional bodies are captured as captures of their own (cudaStreamBeginCapture on a body
+// stream), not into the conditional node's body graph directly: when CUDA invalidates a capture
+// in which bodies were captured straight into node-owned graphs (cudaStreamBeginCaptureToGraph),
+// every way of ending those captures crashes the driver or leaves streams capturing for good
+// (probed on the H200, driver 580). Independent captures end cleanly whatever happened, and a
+// closed body's work is moved into its node then (conditional_builder.hpp).
+#pragma once
+
+#include <tensorplay/detail/capture_context.hpp>
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/handles.hpp>
+#include <tensorplay/detail/stream_lifetime.hpp>
+#include <tensorplay/detail/thread_streams.hpp>
+#include <tensorplay/error.hpp>
+#include <tensorplay/version.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tensorplay::detail {
+
+//! An open conditional body: its own capture, and where its work goes when it closes.
+struct BodyCapture {
+  cudaStream_t stream = nullptr;               // the body's capture stream (one per depth)
+  CaptureSeq seq = 0;                          // the body capture's sequence id
+  cudaGraphConditionalHandle handle = 0;       // the handle of the node the body belongs to
+  cudaGraph_t slot = nullptr;                  // the node's body graph
+  cudaStream_t previous_current = nullptr;     // current stream before the body opened
+  //! Conditional nodes opened inside this body: the empty node standing for each in this body's
+  //! capture, and the real node, created directly in `slot`.
+  std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>> nested;
+};
+
+//! Why a capture is no longer open.
+enum class CaptureEnd { Open, Ended, Abandoned, StreamDestroyed };
+
+class CaptureSession final : public CaptureOwner {
+ public:
+  CaptureSession() = default;
+  CaptureSession(const CaptureSession&) = delete;
+  CaptureSession& operator=(const CaptureSession&) = delete;
+  //! Abandons a capture still open: no stream is left capturing.
+  ~CaptureSession() { abandon(); }
+
+  //! Begins capturing on `stream`. On any throw nothing is capturing and nothing is registered.
+  //! \throws usage_error when `stream` already captures (checked before CUDA is asked: a
+  //!         refused cudaStreamBeginCapture would invalidate the other capture), or `pool` is
+  //!         busy with another capture; cuda_error when CUDA refuses.
+  void begin(cudaStream_t stream, int device, cudaStreamCaptureMode mode, std::shared_ptr<PoolImpl> pool,
+             const std::source_location& where) {
+    if (is_capturing_or_false(stream))
+      throw_usage("capture_begin: the stream is already being captured (nested captures need their own stream)");
+    check(begin_capture(stream, mode), "cudaStreamBeginCapture", where);
+    // The capture's sequence id: a pool of the graph's must know it now; otherwise it is asked of
+    // CUDA only if the capture allocates (see CaptureRegistry).
+    CaptureSeq seq = 0;
+    if (pool) {
+      if (const cudaError_t status = get_capture_seq(stream, seq); status != cudaSuccess) {
+        discard(stream);
+        check(status, "cudaStreamGetCaptureInfo", where);
+      }
+      if (!pool->try_begin_capture(seq)) {
+        discard(stream);
+        throw_usage("capture_begin: another graph is capturing into this pool right now; captures that share a pool must not overlap");
+      }
+    }
+    stream_ = stream;
+    device_ = device;
+    mode_ = mode;
+    owner_thread_ = &thread_streams();
+    previous_current_ = thread_streams().current[device];
+    bodies_.clear();
+    context_.open(device, stream, seq, std::move(pool));
+    CaptureRegistry::instance().add_capture(&context_, this, stream, seq, device);
+    set_current_stream(device, stream);
+    end_.store(CaptureEnd::Open, std::memory_order_release);
+  }
+
+  //! Ends the capture. Returns the captured graph and the pool the capture used (null if it
+  //! allocated nothing and the graph had none).
+  //! \throws usage_error with a body still open; cuda_error when CUDA invalidated the capture
+  //!         (the capture is over either way).
+  std::pair<GraphHandle, std::shared_ptr<PoolImpl>> end(const std::source_location& where) {
+    if (!bodies_.empty())
+      throw_usage("capture_end: " + std::to_string(bodies_.size()) +
+                  " conditional body(ies) still open; call end_capture_to_conditional_node first");
+    GraphHandle graph;
+    const cudaError_t status = end_capture(stream_, graph.out());
+    std::shared_ptr<PoolImpl> pool = finish(CaptureEnd::Ended);
+    check(status, "cudaStreamEndCapture", where);
+    return {std::move(graph), std::move(pool)};
+  }
+
+  //! Ends every open body and the capture, and discards what was captured. Never throws.
+  void abandon() noexcept { abandon_as(CaptureEnd::Abandoned); }
+
+  //! Runs `f`; if it throws, abandons the capture and rethrows. The one place where a failure
+  //! inside a capture turns into "nothing is left capturing".
+  template <class F>
+  decltype(auto) abandon_on_throw(F&& f) {
+    try {
+      return f();
+    } catch (...) {
+      abandon();
+      throw;
+    }
+  }
+
+  void abandon_because_stream_destroyed() noexcept override { abandon_as(CaptureEnd::StreamDestroyed); }
+
+  [[nodiscard]] bool is_open() const noexcept { return end_.load(std::memory_order_acquire) == CaptureEnd::Open; }
+  //! How the last capture ended (Open while it is open).
+  [[nodiscard]] CaptureEnd how_ended() const noexcept { return end_.load(std::memory_order_acquire); }
+  [[nodiscard]] cudaStream_t origin() const noexcept { return stream_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+  [[nodiscard]] cudaStreamCaptureMode mode() const noexcept { return mode_; }
+  //! Where work is captured now: the innermost open body, else the origin stream.
+  [[nodiscard]] cudaStream_t current() const noexcept { return bodies_.empty() ? stream_ : bodies_.back().stream; }
+  [[nodiscard]] std::size_t depth() const noexcept { return bodies_.size(); }
+  [[nodiscard]] std::vector<BodyCapture>& bodies() noexcept { return bodies_; }
+  [[nodiscard]] CaptureContext& context() noexcept { return context_; }
+
+  //! The stream of the body at nesting `depth` (made on first use, reused by later captures).
+  cudaStream_t body_stream(std::size_t depth, const std::source_location& where) {
+    while (body_streams_.size() <= depth) {
+      DeviceGuard guard(device_, where);
+      RelaxedCaptureMode relaxed;  // creating a stream must not disturb the capture
+      cudaStream_t stream = nullptr;
+      TENSORPLAY_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), where);
+      body_streams_.emplace_back(stream);
+    }
+    return body_streams_[depth].get();
+  }
+
+  //! Registers a body that began capturing on `body.stream`, and makes its stream current.
+  void push_body(BodyCapture body) {
+    CaptureRegistry::instance().add_body(&context_, body.seq, device_);
+    context_.body_opened(body.seq);
+    body.previous_current = thread_streams().current[device_];
+    set_current_stream(device_, body.stream);
+    bodies_.push_back(std::move(body));
+  }
+
+  //! Unregisters the innermost body (whose capture has ended) and returns it. What it allocated
+  //! now belongs to the parent stream.
+  BodyCapture pop_body() noexcept {
+    BodyCapture body = std::move(bodies_.back());
+    bodies_.pop_back();
+    const cudaStream_t parent_stream = current();
+    const CaptureSeq parent_seq = bodies_.empty() ? 0 : bodies_.back().seq;  // 0: the capture's own
+    context_.body_closed(body.seq, body.stream, parent_seq, parent_stream);
+    CaptureRegistry::instance().remove_body(body.seq);
+    set_current_stream(device_, body.previous_current);
+    return body;
+  }
+
+ private:
+  // Ends a capture that was just begun and is to be thrown away.
+  static void discard(cudaStream_t stream) noexcept {
+    GraphHandle graph;
+    (void)end_capture(stream, graph.out());
+    (void)cudaGetLastError();
+  }
+
+  void abandon_as(CaptureEnd why) noexcept {
+    if (!is_open()) return;
+    const bool same_thread = owner_thread_ == &thread_streams();
+    while (!bodies_.empty()) {
+      BodyCapture& body = bodies_.back();
+      discard(body.stream);  // its own capture: ends cleanly whatever state CUDA left it in
+      CaptureRegistry::instance().remove_body(body.seq);
+      if (same_thread) set_current_stream(device_, body.previous_current);
+      bodies_.pop_back();
+    }
+    discard(stream_);
+    (void)finish(why, same_thread);
+  }
+
+  // Restores the current stream, unregisters, lets the pool settle what the capture freed.
+  std::shared_ptr<PoolImpl> finish(CaptureEnd why, bool restore_current = true) noexcept {
+    if (restore_current) set_current_stream(device_, previous_current_);
+    std::shared_ptr<PoolImpl> pool = context_.close();
+    CaptureRegistry::instance().remove_capture(&context_);
+    end_.store(why, std::memory_order_release);
+    return pool;
+  }
+
+  cudaStream_t stream_ = nullptr;
+  int device_ = -1;
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeGlobal;
+  const ThreadStreams* owner_thread_ = nullptr;  // the capturing thread (its current-stream table)
+  cudaStream_t previous_current_ = nullptr;
+  std::atomic<CaptureEnd> end_{CaptureEnd::Ended};
+  std::vector<BodyCapture> bodies_;       // open conditional bodies, innermost last
+  std::vector<OwnedStream> body_streams_; // one per nesting depth, reused by later captures
+  CaptureContext context_;                // the pool; registered for the capture's sequences
+};
+
+}  // namespace tensorplay::detail

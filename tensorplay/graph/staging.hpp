@@ -1,0 +1,278 @@
+// tensorplay/graph/staging.hpp: how stage_and_launch moves each input onto its static buffer.
+//
+// Every pair is checked and classified first (plan_pair, check_overlaps), so that a bad pair
+// throws before anything is issued. Pairs that are contiguous, of one element type and on the
+// graph's device are batched into the copy node in front of the graph (copy_node.hpp); the others
+// are issued here, on the same stream, before the launch (issue_unbatched).
+//
+// Copy semantics are exact or refused: a copy whose input overlaps a static buffer would read
+// what it writes, so it is refused with usage_error (an input identical to its own static buffer
+// is no copy at all and is skipped).
+#pragma once
+
+#include <tensorplay/config.hpp>
+#include <tensorplay/detail/capture_context.hpp>
+#include <tensorplay/detail/kernel_library.hpp>
+#include <tensorplay/detail/kernels/kernel_abi.hpp>
+#include <tensorplay/error.hpp>
+#include <tensorplay/tensor.hpp>
+#include <tensorplay/version.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <source_location>
+#include <string>
+#include <type_traits>
+
+namespace tensorplay::detail {
+
+//! Where a tensor's memory is, as CUDA sees it.
+struct Placement {
+  enum Kind : std::uint8_t { Device, Managed, PinnedHost, PageableHost } kind = Device;
+  int device = -1;
+};
+
+template <Tensor T>
+Placement placement_of(const T& t, const std::source_location& where) {
+  if constexpr (KnowsDevice<T>) {
+    return {Placement::Device, traits_of<T>::device(t)};
+  } else {
+    const PointerInfo info = pointer_info(tensor_data(t), where);
+    switch (info.type) {
+      case cudaMemoryTypeDevice: return {Placement::Device, info.device};
+      case cudaMemoryTypeManaged: return {Placement::Managed, info.device};
+      case cudaMemoryTypeHost: return {Placement::PinnedHost, -1};
+      default: return {Placement::PageableHost, -1};
+    }
+  }
+}
+
+enum class StageKind : std::uint8_t {
+  Skip,         // nothing to copy: empty, or the input is the static buffer itself
+  Batched,      // raw device-to-device copy, batched into the copy node
+  Convert,      // same device, other element type, or a strided source: gather/convert kernel
+  Host,         // host source (pinned or pageable), same element type: cudaMemcpyAsync
+  HostConvert,  // host source, other element type: to a device temporary, then convert
+  Peer,         // another GPU, same element type: cudaMemcpyPeerAsync
+  PeerConvert,  // another GPU, other element type: peer copy to a temporary, then convert
+};
+
+struct StagePlan {
+  StageKind kind = StageKind::Skip;
+  int source_device = -1;
+};
+
+//! The gather/convert kernel's code for element type T.
+template <class T>
+constexpr kernels::ElementCode element_code() noexcept {
+  if constexpr (has_dtype_v<T>) return static_cast<kernels::ElementCode>(static_cast<int>(dtype_v<T>));
+  else return kernels::ElementCode::Bytes;
+}
+
+//! Compile-time checks of one (static buffer, input) pair, with messages users can read.
+template <class S, class I>
+consteval bool check_stage_pair() {
+  static_assert(ContiguousTensor<S>,
+                "stage_and_launch: every static buffer must be a ContiguousTensor (DeviceTensor, "
+                "thrust::device_vector, std::span, or an mdspan with layout_right or layout_left)");
+  static_assert(Tensor<I>, "stage_and_launch: every input must be a Tensor (see tensorplay/tensor.hpp)");
+  if constexpr (ContiguousTensor<S> && Tensor<I>) {
+    static_assert(!RuntimeTyped<S> && !RuntimeTyped<I>,
+                  "stage_and_launch: tensors typed at run time (TensorView) cannot be staged");
+    if constexpr (!RuntimeTyped<S> && !RuntimeTyped<I>) {
+      static_assert(!std::is_const_v<typename traits_of<S>::element_type>,
+                    "stage_and_launch: a static buffer must be writable (its element type is const)");
+      static_assert(std::is_convertible_v<element_t<I>, element_t<S>>,
+                    "stage_and_launch: an input's element type does not convert to its static buffer's element type");
+      static_assert(std::same_as<element_t<I>, element_t<S>> || (has_dtype_v<element_t<I>> && has_dtype_v<element_t<S>>),
+                    "stage_and_launch: converting between element types needs both among tensorplay's DType list "
+                    "(bool, the integers, __half, __nv_bfloat16, float, double)");
+    }
+  }
+  return true;
+}
+
+inline std::string pair_name(std::size_t index) { return "stage_and_launch: pair " + std::to_string(index); }
+
+//! Checks one pair and decides how to move it. Throws usage_error; issues nothing.
+template <class S, class I>
+StagePlan plan_pair(std::size_t index, const S& dst, const I& src, int device, const std::source_location& where) {
+  using To = element_t<S>;
+  using From = element_t<I>;
+  const std::size_t n = tensor_size(dst);
+  if (tensor_size(src) != n)
+    throw_usage(pair_name(index) + ": the input has " + std::to_string(tensor_size(src)) +
+                " elements but its static buffer has " + std::to_string(n));
+  if (n == 0) return {};
+  const Placement target = placement_of(dst, where);
+  const bool on_graph_device = (target.kind == Placement::Device && target.device == device) || target.kind == Placement::Managed;
+  if (!on_graph_device)
+    throw_usage(pair_name(index) + ": the static buffer is not device memory of the graph's device " + std::to_string(device));
+  if constexpr (std::same_as<To, From> && ContiguousTensor<I>) {
+    if (static_cast<const void*>(tensor_data(src)) == static_cast<const void*>(tensor_data(dst))) return {};
+  }
+  constexpr bool same = std::same_as<To, From>;
+  constexpr bool dense = ContiguousTensor<I>;
+  const Placement source = placement_of(src, where);
+  switch (source.kind) {
+    case Placement::Device:
+      if (source.device != device) {
+        if (!dense) throw_usage(pair_name(index) + ": a strided input on another GPU is not supported; make it contiguous");
+        return {same ? StageKind::Peer : StageKind::PeerConvert, source.device};
+      }
+      [[fallthrough]];
+    case Placement::Managed:
+      return {same && dense ? StageKind::Batched : StageKind::Convert, device};
+    case Placement::PinnedHost:
+    case Placement::PageableHost:
+      if (!dense) throw_usage(pair_name(index) + ": a strided input in host memory is not supported; make it contiguous");
+      return {same ? StageKind::Host : StageKind::HostConvert, -1};
+  }
+  return {};
+}
+
+//! The bytes a tensor's elements span, [begin, end): for strided tensors, from the lowest to the
+//! highest element address.
+struct ByteRange {
+  std::uintptr_t begin = 0;
+  std::uintptr_t end = 0;
+  [[nodiscard]] bool empty() const noexcept { return begin == end; }
+  [[nodiscard]] bool overlaps(const ByteRange& other) const noexcept {
+    return !empty() && !other.empty() && begin < other.end && other.begin < end;
+  }
+};
+
+template <Tensor T>
+ByteRange byte_range(const T& t) noexcept {
+  const std::size_t n = tensor_size(t);
+  const auto base = reinterpret_cast<std::uintptr_t>(tensor_data(t));
+  constexpr std::size_t size = sizeof(element_t<T>);
+  if (n == 0) return {base, base};
+  if constexpr (ContiguousTensor<T>) {
+    return {base, base + n * size};
+  } else {
+    std::ptrdiff_t low = 0;
+    std::ptrdiff_t high = 0;
+    for (std::size_t r = 0; r < traits_of<T>::rank; ++r) {
+      const auto reach = static_cast<std::ptrdiff_t>(traits_of<T>::extent(t, r) - 1) * traits_of<T>::stride(t, r);
+      (reach < 0 ? low : high) += reach;
+    }
+    return {base + static_cast<std::uintptr_t>(low * static_cast<std::ptrdiff_t>(size)),
+            base + static_cast<std::uintptr_t>((high + 1) * static_cast<std::ptrdiff_t>(size))};
+  }
+}
+
+//! Refuses, before anything is issued, pairs whose copies would read what another copy writes:
+//! static buffers that overlap each other, and inputs that overlap any static buffer (except an
+//! input that is its own static buffer, planned as Skip). The static buffers are sorted by
+//! address, so each input costs a binary search: staging many inputs stays cheap.
+template <std::size_t N>
+void check_overlaps(const std::array<ByteRange, N>& statics, const std::array<ByteRange, N>& inputs,
+                    const std::array<StagePlan, N>& plans) {
+  std::array<std::size_t, N> order{};
+  for (std::size_t i = 0; i < N; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return statics[a].begin < statics[b].begin; });
+  for (std::size_t k = 1; k < N; ++k)
+    if (statics[order[k - 1]].overlaps(statics[order[k]]))
+      throw_usage("stage_and_launch: pairs " + std::to_string(order[k - 1]) + " and " + std::to_string(order[k]) +
+                  " name overlapping static buffers (the same buffer twice?)");
+  for (std::size_t i = 0; i < N; ++i) {
+    if (plans[i].kind == StageKind::Skip || inputs[i].empty()) continue;
+    // The first static buffer (by address) that ends after the input begins: the only one that
+    // can overlap it, since the static buffers do not overlap each other.
+    const auto* it = std::partition_point(order.begin(), order.end(),
+                                          [&](std::size_t j) { return statics[j].end <= inputs[i].begin; });
+    if (it == order.end() || !statics[*it].overlaps(inputs[i])) continue;
+    if (*it == i)
+      throw_usage(pair_name(i) + ": the input overlaps its own static buffer (the copy would read what it writes); "
+                                 "stage from a separate buffer");
+    throw_usage(pair_name(i) + ": the input overlaps the static buffer of pair " + std::to_string(*it) +
+                " (a copy would read what another writes)");
+  }
+}
+
+//! Launches the gather/convert kernel: dst[i] = To(src element i), src described by `layout`.
+inline void launch_gather(const void* src, kernels::ElementCode from, void* dst, kernels::ElementCode to, std::size_t n,
+                          std::size_t element_bytes, const kernels::StridedLayout& layout, int device, cudaStream_t stream,
+                          const std::source_location& where) {
+  const KernelLibrary& library = KernelLibrary::on(device, where);
+  const auto blocks = static_cast<unsigned>(n / 256 + 1 < 4096 ? n / 256 + 1 : 4096);
+  int from_code = static_cast<int>(from);
+  int to_code = static_cast<int>(to);
+  kernels::StridedLayout copy_of_layout = layout;
+  void* args[] = {&src, &from_code, &dst, &to_code, &n, &element_bytes, &copy_of_layout};
+  launch(reinterpret_cast<const void*>(library.gather()), dim3(blocks), dim3(256), stream, false, args,
+         "cudaLaunchKernelEx (tensorplay gather/convert kernel)", where);
+}
+
+//! The layout of a tensor's elements for the gather kernel (rank 1, stride 1 when contiguous).
+template <Tensor T>
+kernels::StridedLayout layout_of(const T& t) {
+  kernels::StridedLayout layout;
+  if constexpr (ContiguousTensor<T>) {
+    layout.rank = 1;
+    layout.extents[0] = tensor_size(t);
+    layout.strides[0] = 1;
+  } else {
+    constexpr std::size_t rank = traits_of<T>::rank;
+    static_assert(rank <= config::max_gather_rank, "stage_and_launch: strided inputs of rank above 8 are not supported");
+    layout.rank = static_cast<int>(rank);
+    for (std::size_t r = 0; r < rank; ++r) {
+      layout.extents[r] = traits_of<T>::extent(t, r);
+      layout.strides[r] = traits_of<T>::stride(t, r);
+    }
+  }
+  return layout;
+}
+
+//! Issues a pair that is not batched on `stream` (asynchronously, in stream order).
+template <class S, class I>
+void issue_unbatched(const StagePlan& plan, const S& dst, const I& src, int device, cudaStream_t stream,
+                     const std::source_location& where) {
+  using To = element_t<S>;
+  using From = element_t<I>;
+  constexpr auto to_code = element_code<To>();
+  constexpr auto from_code = std::same_as<To, From> ? kernels::ElementCode::Bytes : element_code<From>();
+  const std::size_t n = tensor_size(dst);
+  To* out = tensor_data(dst);
+  const From* in = tensor_data(src);
+  // A device temporary for host and peer sources that need converting: freed in stream order
+  // (reused only by work issued after the conversion).
+  auto converted_through_temporary = [&](auto&& fill_temporary) {
+    PoolBlock temporary(n * sizeof(From), stream, [device] { return device; }, where);
+    fill_temporary(temporary.ptr());
+    launch_gather(temporary.ptr(), from_code, out, to_code, n, sizeof(From), layout_of(std::span<const From>(in, n)),
+                  device, stream, where);
+  };
+  switch (plan.kind) {
+    case StageKind::Skip:
+    case StageKind::Batched: return;
+    case StageKind::Convert:
+      launch_gather(in, from_code, out, std::same_as<To, From> ? kernels::ElementCode::Bytes : to_code, n, sizeof(From),
+                    layout_of(src), device, stream, where);
+      return;
+    case StageKind::Host:
+      TENSORPLAY_CHECK(cudaMemcpyAsync(out, in, n * sizeof(To), cudaMemcpyHostToDevice, stream), where);
+      return;
+    case StageKind::HostConvert:
+      converted_through_temporary([&](void* temporary) {
+        TENSORPLAY_CHECK(cudaMemcpyAsync(temporary, in, n * sizeof(From), cudaMemcpyHostToDevice, stream), where);
+      });
+      return;
+    case StageKind::Peer:
+      TENSORPLAY_CHECK(cudaMemcpyPeerAsync(out, device, in, plan.source_device, n * sizeof(To), stream), where);
+      return;
+    case StageKind::PeerConvert:
+      converted_through_temporary([&](void* temporary) {
+        TENSORPLAY_CHECK(cudaMemcpyPeerAsync(temporary, device, in, plan.source_device, n * sizeof(From), stream), where);
+      });
+      return;
+  }
+}
+
+}  // namespace tensorplay::detail
