@@ -398,7 +398,11 @@ inline Op simple_op(OpKind kind, int a = -1) {
 class Model {
  public:
   //! `quiesce_every`: every that many operations, destroy everything (random order) and measure.
-  Model(u64 seed, long quiesce_every) : rng_(seed), quiesce_every_(quiesce_every) {}
+  //! `without`: names of operations, statements or capture variants never to generate (as
+  //! name() spells them), plus "stage" (no stage_and_launch in rounds) and "stage_conditional"
+  //! (none on graphs with conditional nodes): to run the rest while a known defect is fixed.
+  Model(u64 seed, long quiesce_every, std::set<std::string> without = {})
+      : rng_(seed), quiesce_every_(quiesce_every), without_(std::move(without)) {}
 
   [[nodiscard]] const State& state() const { return s_; }
   //! Why the last applied operation left an impossible state ("" when none).
@@ -429,6 +433,15 @@ class Model {
 
  private:
   // ---- small helpers ----
+
+  bool allowed(const char* what) const { return !without_.count(what); }
+  //! `weights` with those of excluded names (names[i]) set to 0.
+  template <class Kind>
+  std::vector<int> allowed_weights(std::vector<int> weights) const {
+    for (std::size_t i = 0; i < weights.size(); ++i)
+      if (!allowed(name(static_cast<Kind>(i)))) weights[i] = 0;
+    return weights;
+  }
 
   //! What a moved-from Graph is: a default-constructed one.
   static GraphM moved_from() {
@@ -645,7 +658,7 @@ class Model {
 
   Op generate() {
     for (;;) {
-      const int k = rng_.weighted({
+      const int k = rng_.weighted(allowed_weights<OpKind>({
           3,   // NewStream
           2,   // DestroyStream
           1,   // MoveStream
@@ -671,7 +684,8 @@ class Model {
           1,   // PoolChecks
           3,   // Check
           0,   // Quiesce (scheduled)
-      });
+      }));
+      if (k < 0) return simple_op(OpKind::Check);
       Op op;
       op.kind = static_cast<OpKind>(k);
       if (fill(op)) return op;
@@ -867,7 +881,7 @@ class Model {
     std::vector<int> side;
     for (int sl : live_streams())
       if (!ctx.side_streams_excluded.count(sl)) side.push_back(sl);
-    const int k = rng_.weighted({
+    const int k = rng_.weighted(allowed_weights<StmtKind>({
         have ? 14 : 0,                          // Fill
         have ? 22 : 0,                          // Affine
         have ? 7 : 0,                           // Temp
@@ -881,7 +895,7 @@ class Model {
         nest ? 4 : 0,                           // Switch
         2,                                      // BadPredicate
         depth == 0 ? 2 : 0,                     // EndWithoutBody
-    });
+    }));
     if (k < 0) return false;
     st.kind = static_cast<StmtKind>(k);
     --ctx.budget;
@@ -1014,7 +1028,9 @@ class Model {
   }
 
   bool fill_capture(Op& op) {
-    op.variant = static_cast<Variant>(rng_.weighted({40, 12, 5, 8, 5, 4, 5, 5, 4, 6}));
+    const int v = rng_.weighted(allowed_weights<Variant>({40, 12, 5, 8, 5, 4, 5, 5, 4, 6}));
+    if (v < 0) return false;
+    op.variant = static_cast<Variant>(v);
     std::vector<int> empty = graph_slots_where(0);
     std::vector<int> any = graph_slots_where(-1);
     if (any.empty()) return false;
@@ -1035,10 +1051,10 @@ class Model {
       case Variant::Lambda:
       case Variant::Manual: {
         op.cap.program = gen_block(ctx, 0, 5);
-        if (rng_.percent(14)) {
-          const bool may_throw = op.variant == Variant::Lambda;  // a manual capture has no body to abandon
-          add_terminal(ctx, op.cap.program, may_throw && rng_.percent(50) ? StmtKind::Throw : StmtKind::Forbidden);
-        }
+        const bool may_throw = op.variant == Variant::Lambda && allowed("throw");  // a manual capture has no body to abandon
+        const bool may_break = allowed("forbidden");
+        if (rng_.percent(14) && (may_throw || may_break))
+          add_terminal(ctx, op.cap.program, may_throw && (!may_break || rng_.percent(50)) ? StmtKind::Throw : StmtKind::Forbidden);
         return true;
       }
       case Variant::BeginTwice:
@@ -1300,9 +1316,10 @@ class Model {
     for (int sl : chosen) {
       ReplayItem item;
       item.slot = sl;
-      item.how = rng_.weighted({45, 15, 25, 15});
+      const GraphM& g = s_.graphs[sl];
+      const bool stage = allowed("stage") && (!g.conditional || allowed("stage_conditional"));
+      item.how = rng_.weighted({45, 15, stage ? 25 : 0, stage ? 15 : 0});
       if (item.how >= 2) {
-        const GraphM& g = s_.graphs[sl];
         const int pairs = rng_.between(1, 2);
         std::vector<int> statics;
         for (int p = 0; p < pairs; ++p) {
@@ -1514,6 +1531,7 @@ class Model {
   std::deque<Op> forced_;
   std::string error_;
   Stats stats_;
+  std::set<std::string> without_;
 };
 
 }  // namespace tp_model

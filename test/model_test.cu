@@ -5,6 +5,10 @@
 // GPU and checks the outcome; Check operations compare every buffer, flag and counter. The first
 // failure stops the run and prints the seed, the operation index and the last 20 operations:
 // TENSORPLAY_MODEL_SEED=<seed> TENSORPLAY_MODEL_OPS=<index + 1> replays it.
+// A watchdog ends the process when no operation completes for TENSORPLAY_MODEL_STALL_S seconds
+// (default 120), printing the trace: a hang fails instead of blocking the suite.
+// TENSORPLAY_MODEL_WITHOUT=<names> leaves out operations, statements or capture variants (by the
+// names the trace prints; also "stage", "stage_conditional"), e.g. while a known defect is fixed.
 //
 // The model is exact because of its ordering rule (see model_host.hpp): before work on one
 // stream touches what unfinished work on another stream touches, that other stream is
@@ -46,6 +50,8 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <deque>
@@ -53,10 +59,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace tp = tensorplay;
@@ -121,21 +131,70 @@ mdl::Outcome outcome_of(F&& f, std::string& what) {
   }
 }
 
-//! The last operations, for the failure report.
+//! The last operations, for the failure report. Thread-safe: the watchdog reads it.
 class Trace {
  public:
   void add(long index, std::string text) {
+    std::lock_guard lock(mutex_);
     if (lines_.size() == 20) lines_.pop_front();
     lines_.push_back("  #" + std::to_string(index) + " " + std::move(text));
+    ++added_;
   }
   [[nodiscard]] std::string text() const {
+    std::lock_guard lock(mutex_);
     std::string out;
     for (const std::string& line : lines_) out += line + "\n";
     return out;
   }
+  [[nodiscard]] long added() const {
+    std::lock_guard lock(mutex_);
+    return added_;
+  }
 
  private:
+  mutable std::mutex mutex_;
   std::deque<std::string> lines_;
+  long added_ = 0;
+};
+
+//! Fails the run (and ends the process: a stuck CUDA call cannot be interrupted) when no
+//! operation completes for `stall` seconds, e.g. a while node that never ends. Prints the trace.
+class Watchdog {
+ public:
+  Watchdog(const Trace& trace, long stall_seconds, std::string hint)
+      : thread_([this, &trace, stall_seconds, hint = std::move(hint)] {
+          long seen = -1;
+          auto last = std::chrono::steady_clock::now();
+          std::unique_lock lock(mutex_);
+          while (!done_) {
+            wake_.wait_for(lock, std::chrono::seconds(1));
+            const long now_seen = trace.added();
+            if (now_seen != seen) {
+              seen = now_seen;
+              last = std::chrono::steady_clock::now();
+            } else if (std::chrono::steady_clock::now() - last > std::chrono::seconds(stall_seconds)) {
+              std::cerr << "model_test: no operation completed for " << stall_seconds << " s (a hang?); last operations:\n"
+                        << trace.text() << "replay: " << hint << std::endl;
+              std::_Exit(4);
+            }
+          }
+        }) {}
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;
 };
 
 //! Runs operations on the GPU and checks them against what the model expects. Slots mirror the
@@ -963,13 +1022,23 @@ TP_GPU_TEST(random_operations_match_the_host_model) {
   const auto seed = static_cast<mdl::u64>(tp_test::env_or("TENSORPLAY_MODEL_SEED", 20261130));
   const long ops = tp_test::env_or("TENSORPLAY_MODEL_OPS", 100000);
   const long quiesce_every = std::max(ops / 10, 200L);
-  mdl::Model model(seed, quiesce_every);
+  // TENSORPLAY_MODEL_WITHOUT=a,b,...: names the generator avoids (see Model's constructor).
+  std::set<std::string> without;
+  const std::string without_text = std::getenv("TENSORPLAY_MODEL_WITHOUT") != nullptr ? std::getenv("TENSORPLAY_MODEL_WITHOUT") : "";
+  for (std::size_t at = 0; at < without_text.size();) {
+    const std::size_t comma = std::min(without_text.find(',', at), without_text.size());
+    if (comma > at) without.insert(without_text.substr(at, comma - at));
+    at = comma + 1;
+  }
+  mdl::Model model(seed, quiesce_every, without);
   Executor executor;
   Trace trace;
   // Peak device memory seen at Check operations in two windows after the warm-up (first 20%).
   std::size_t peak_early = 0;
   std::size_t peak_late = 0;
-  const std::string replay_hint = "TENSORPLAY_MODEL_SEED=" + std::to_string(seed) + " TENSORPLAY_MODEL_OPS=";
+  const std::string replay_hint = (without_text.empty() ? "" : "TENSORPLAY_MODEL_WITHOUT=" + without_text + " ") +
+                                  "TENSORPLAY_MODEL_SEED=" + std::to_string(seed) + " TENSORPLAY_MODEL_OPS=";
+  Watchdog watchdog(trace, tp_test::env_or("TENSORPLAY_MODEL_STALL_S", 120), replay_hint + "<the last index + 1>");
   // No Boost assertion inside the loop: the log keeps every assertion, which would grow the RSS
   // this test watches. The first failure ends the run.
   for (long i = 0; i <= ops; ++i) {
