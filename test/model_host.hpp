@@ -213,6 +213,7 @@ struct BufferM {
   int pool = -1;         // model pool id; -1: the default pool
   long seq = 0;          // the capture that allocated it (graph pools)
   int alloc_stream = 0;  // stream uid it was allocated for
+  bool in_body = false;  // allocated inside a conditional body (written only when that body runs)
 };
 
 struct GraphM {
@@ -1162,7 +1163,7 @@ class Model {
   void create_allocations(const Block& block, int pool, long seq, int cap_stream_uid, int depth) {
     for (const Stmt& st : block) {
       if (st.kind == StmtKind::Alloc) {
-        s_.buffers[st.dst] = BufferM{st.n, Value{}, pool, seq, depth == 0 ? cap_stream_uid : side_uid};
+        s_.buffers[st.dst] = BufferM{st.n, Value{}, pool, seq, depth == 0 ? cap_stream_uid : side_uid, depth > 0};
         s_.buf[st.dst_slot] = st.dst;
       } else if (st.kind == StmtKind::SideAlloc) {
         const int su = stream_uid(st.index);
@@ -1378,16 +1379,22 @@ class Model {
     for (const ReplayItem& item : op.items) {
       const GraphM g = s_.graphs[item.slot];
       if (g.pool != pool || !replayable(g)) fail("round over graphs that cannot replay together");
-      // A graph may overwrite, with its temporaries, pool memory that captures after it
-      // allocated (that is why graphs sharing a pool replay in capture order).
+      // The copies come first (a node in front of the graph), all reading before any writes.
+      std::vector<std::pair<int, Value>> staged;
+      for (const StagePair& p : item.pairs) staged.emplace_back(p.static_uid, p.input == 0 ? value(p.input_uid) : sequence(p.base, p.stride));
+      for (const auto& [uid, v] : staged) value(uid) = v;
+      // Then the graph, which may overwrite, with its temporaries, pool memory that captures
+      // after it allocated (that is why graphs sharing a pool replay in capture order). Its
+      // program cannot name such buffers: they did not exist when it was captured. Nor can its
+      // statements before an allocation name what that allocation returns, but they may have
+      // used the memory as a temporary: a tensor allocated inside a conditional body holds
+      // garbage after a replay that skips the body.
       for (auto& [uid, b] : s_.buffers)
-        if (b.pool == pool && b.seq > g.seq) {
+        if (b.pool == pool && (b.seq > g.seq || (b.seq == g.seq && b.in_body))) {
           stats_.clobbered += b.value.known;
           b.value = Value{};
         }
       if (g.conditional) (item.pairs.empty() ? stats_.conditional_replays : stats_.staged_conditional_replays) += 1;
-      for (const StagePair& p : item.pairs)
-        value(p.static_uid) = p.input == 0 ? value(p.input_uid) : sequence(p.base, p.stride);
       run(g.program);
     }
   }
