@@ -138,9 +138,9 @@ enum class OpKind : std::uint8_t {
   NewStream, DestroyStream, MoveStream, SyncStream,
   NewBuffer, DestroyBuffer, MoveBuffer, EagerFill, EagerAffine, HostWrite, SetFlag, SetCounter,
   NewGraph, DestroyGraph, MoveGraph, ResetGraph,
-  Capture, Round, ReplayEmpty, StageMisuse, SimpleMisuse, DebugDump, PoolChecks, Check, Quiesce,
+  Capture, Round, ReplayEmpty, StageMisuse, SimpleMisuse, DebugDump, PoolChecks, DropPool, Check, Quiesce,
 };
-inline constexpr int op_kind_count = 25;
+inline constexpr int op_kind_count = 26;
 
 enum class Outcome : std::uint8_t { Ok, Usage, Cuda, User };
 
@@ -244,7 +244,8 @@ struct State {
   std::set<int> dead;                      // destroyed streams that may still have work
   std::array<bool, flag_count> flag{};
   std::array<int, counter_count> counter{};
-  std::array<int, shared_pools> shared{1, 2, 3};  // model pool ids of the shared pools
+  std::array<int, shared_pools> shared{1, 2, 3};  // model pool ids of the shared pools (the test's handles)
+  std::set<int> ever_shared{1, 2, 3};             // every pool that was shared (graphs may still use it)
   int next_uid = 100;
   int next_pool = 10;
   long next_seq = 1;
@@ -257,7 +258,7 @@ inline const char* name(OpKind k) {
                                       "DestroyBuffer", "MoveBuffer", "EagerFill", "EagerAffine", "HostWrite",
                                       "SetFlag", "SetCounter", "NewGraph", "DestroyGraph", "MoveGraph",
                                       "ResetGraph", "Capture", "Round", "ReplayEmpty", "StageMisuse",
-                                      "SimpleMisuse", "DebugDump", "PoolChecks", "Check", "Quiesce"};
+                                      "SimpleMisuse", "DebugDump", "PoolChecks", "DropPool", "Check", "Quiesce"};
   return names[static_cast<int>(k)];
 }
 inline const char* name(StmtKind k) {
@@ -512,7 +513,6 @@ class Model {
       if (!s_.buffers.count(uid)) return false;
     return true;
   }
-  bool is_shared(int pool) const { return std::find(s_.shared.begin(), s_.shared.end(), pool) != s_.shared.end(); }
   int shared_index(int pool) const {
     for (int k = 0; k < shared_pools; ++k)
       if (s_.shared[k] == pool) return k;
@@ -683,6 +683,7 @@ class Model {
           2,   // SimpleMisuse
           1,   // DebugDump
           1,   // PoolChecks
+          1,   // DropPool
           3,   // Check
           0,   // Quiesce (scheduled)
       }));
@@ -790,6 +791,7 @@ class Model {
         op.sub = rng_.below(4);  // capture_end, end_capture_to_conditional_node, if_, set_conditional_handle_for_current_node
         return true;
       }
+      case OpKind::DropPool: op.a = rng_.below(shared_pools); return true;
       case OpKind::PoolChecks:
       case OpKind::Check: return true;
       case OpKind::Quiesce: return false;
@@ -1496,6 +1498,12 @@ class Model {
           if (g.exists && k >= 0) op.pool_expectations.emplace_back(i, k);
         }
         break;
+      case OpKind::DropPool:
+        // The test's handle to shared pool a is replaced by a new pool: the old one lives on in
+        // its graphs (GraphOptions::pool included) and tensors, which keep using it.
+        s_.shared[op.a] = s_.next_pool++;
+        s_.ever_shared.insert(s_.shared[op.a]);
+        break;
       case OpKind::Check:
         op.syncs.push_back(-1);
         device_sync();
@@ -1503,7 +1511,10 @@ class Model {
       case OpKind::Quiesce:
         op.syncs.push_back(-1);
         device_sync();
-        for (int k = 0; k < shared_pools; ++k) s_.shared[k] = s_.next_pool++;  // the test makes new shared pools
+        for (int k = 0; k < shared_pools; ++k) {  // the test makes new shared pools
+          s_.shared[k] = s_.next_pool++;
+          s_.ever_shared.insert(s_.shared[k]);
+        }
         break;
     }
   }
@@ -1523,7 +1534,7 @@ class Model {
     for (const GraphM& g : s_.graphs) {
       if (!g.exists && g.captured) fail("a destroyed graph is captured");
       if (g.captured && (g.pool < 0 || g.seq <= 0)) fail("a captured graph without pool or sequence");
-      if (g.captured && !is_shared(g.pool) && ++private_users[g.pool] > 1) fail("two graphs in one private pool");
+      if (g.captured && !s_.ever_shared.count(g.pool) && ++private_users[g.pool] > 1) fail("two graphs in one private pool");
     }
     for (const auto& [uid, resources] : s_.pending) {
       if (resources.empty()) continue;

@@ -26,8 +26,10 @@
 //     cudaDeviceSynchronize, inside the body or inside a conditional body) makes the capture end
 //     in cuda_error, whatever the body form (lambda, imperative or IfScope/WhileScope: the scope's
 //     destructor cannot throw, so capture_end reports it). Nothing is left capturing.
-//  A5 After two captures on two streams end in either order, the current stream is what it was
-//     before both began.
+//  A5 Two graphs may capture at once on two streams of one thread, in any mode, and end in either
+//     order: the first capture_end instantiates while the other capture is open (CUDA refuses
+//     cudaGraphInstantiate then, outside relaxed mode: see gpu.md), and afterwards the current
+//     stream is what it was before both began.
 //  A6 No tensorplay call leaves an error in CUDA's last-error state (cudaGetLastError() is
 //     cudaSuccess after every operation, also after cuda_error and usage_error).
 //  A7 stage_and_launch with an input overlapping its own static buffer, or with one static
@@ -431,6 +433,7 @@ class Executor {
             fail("graph g" + std::to_string(slot) + " does not report shared pool " + std::to_string(k) + " as its pool");
         break;
       }
+      case mdl::OpKind::DropPool: pools_[static_cast<std::size_t>(op.a)] = tp::graph_pool_handle(); break;
       case mdl::OpKind::Check: compare(after); break;
       case mdl::OpKind::Quiesce: {
         for (tp::Pool& pool : pools_) pool = tp::graph_pool_handle();  // the old pools die here (no user left)

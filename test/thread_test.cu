@@ -4,7 +4,8 @@
 // before the deadline fails the test (and ends the process, since a deadlocked thread cannot be
 // joined) instead of hanging it. Worker threads use no Boost.Test macro (not thread-safe): they
 // return what went wrong, and the main thread reports it.
-// TENSORPLAY_THREAD_CAPTURES (default 200) sets the captures per capturing thread.
+// TENSORPLAY_THREAD_CAPTURES (default 200; 30 under compute-sanitizer) sets the captures per
+// capturing thread, TENSORPLAY_THREAD_BUDGET_S (120; 400) the deadline of each case.
 #include "support.hpp"
 
 #include <tensorplay/graph.hpp>
@@ -50,7 +51,15 @@ struct CounterPositive {
   __host__ __device__ bool operator()() const { return *counter > 0; }
 };
 
-constexpr auto time_budget = std::chrono::seconds(120);
+//! Under compute-sanitizer (TENSORPLAY_UNDER_SANITIZER, set by tools/gpu/run) kernels run far
+//! slower: fewer captures by default, and more time before a thread counts as stuck.
+bool under_sanitizer() { return std::getenv("TENSORPLAY_UNDER_SANITIZER") != nullptr; }
+int captures_per_thread() {
+  return static_cast<int>(tp_test::env_or("TENSORPLAY_THREAD_CAPTURES", under_sanitizer() ? 30 : 200));
+}
+std::chrono::seconds time_budget() {
+  return std::chrono::seconds(tp_test::env_or("TENSORPLAY_THREAD_BUDGET_S", under_sanitizer() ? 400 : 120));
+}
 constexpr tp::CaptureErrorMode thread_local_mode = tp::CaptureErrorMode::ThreadLocal;
 
 //! Why a launch failed ("" when it did not): a worker's error text.
@@ -288,9 +297,9 @@ void report(const std::vector<Result>& results, const char* who) {
 BOOST_AUTO_TEST_SUITE(threads)
 
 TP_GPU_TEST(eight_threads_capture_in_thread_local_mode_while_others_replay_and_allocate) {
-  const int captures = static_cast<int>(tp_test::env_or("TENSORPLAY_THREAD_CAPTURES", 200));
+  const int captures = captures_per_thread();
   SharedPools shared;
-  shared.deadline = Clock::now() + time_budget;
+  shared.deadline = Clock::now() + time_budget();
   std::array<ReplaySet, 2> replay_sets;
   std::atomic<bool> stop{false};
 
@@ -312,7 +321,7 @@ TP_GPU_TEST(eight_threads_capture_in_thread_local_mode_while_others_replay_and_a
 }
 
 TP_GPU_TEST(a_second_capture_into_a_busy_pool_throws_usage_error_and_succeeds_once_the_pool_is_free) {
-  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(60);
+  const Clock::time_point deadline = Clock::now() + time_budget();
   tp::Pool pool = tp::graph_pool_handle();
   tp::Stream mine;
   tp::DeviceTensor<int> x(300, mine);
@@ -350,8 +359,8 @@ TP_GPU_TEST(a_second_capture_into_a_busy_pool_throws_usage_error_and_succeeds_on
 }
 
 TP_GPU_TEST(threads_racing_to_capture_into_one_pool_get_success_or_usage_error_and_retry) {
-  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(60);
-  const int captures = static_cast<int>(tp_test::env_or("TENSORPLAY_THREAD_CAPTURES", 200)) / 2;
+  const Clock::time_point deadline = Clock::now() + time_budget();
+  const int captures = captures_per_thread() / 2;
   tp::Pool pool = tp::graph_pool_handle();
   std::timed_mutex replaying;  // replays of this pool's graphs never run concurrently (the contract)
   std::atomic<long> refusals{0};
