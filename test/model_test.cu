@@ -1,9 +1,9 @@
 // Random operations on the whole public API, checked against a host model (test/model_host.hpp).
 //
-// Each step draws an operation (seeded: TENSORPLAY_MODEL_SEED; count: TENSORPLAY_MODEL_OPS, default
-// 100000, 10000 under compute-sanitizer),
-// lets the model predict its outcome and the values every buffer will hold, then runs it on the
-// GPU and checks the outcome; Check operations compare every buffer, flag and counter. The first
+// Each step draws an operation (seed: TENSORPLAY_MODEL_SEED; count: TENSORPLAY_MODEL_OPS, default
+// 100000, 10000 under compute-sanitizer), lets the model predict its outcome and the values every
+// buffer will hold, then runs it on the GPU and checks the outcome; Check operations compare every
+// buffer, flag and counter with the model. The first
 // failure stops the run and prints the seed, the operation index and the last 20 operations:
 // TENSORPLAY_MODEL_SEED=<seed> TENSORPLAY_MODEL_OPS=<index + 1> replays it.
 // A watchdog ends the process when no operation completes for TENSORPLAY_MODEL_STALL_S seconds
