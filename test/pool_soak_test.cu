@@ -12,16 +12,6 @@
 
 namespace tp = tensorplay;
 
-namespace {
-std::size_t resident_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  std::size_t pages = 0;
-  std::size_t resident = 0;
-  statm >> pages >> resident;
-  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-}
-}  // namespace
-
 BOOST_AUTO_TEST_SUITE(pool_soak)
 
 TP_GPU_TEST(ten_thousand_capture_replay_reset_cycles_keep_device_memory_and_rss_flat) {
@@ -52,14 +42,14 @@ TP_GPU_TEST(ten_thousand_capture_replay_reset_cycles_keep_device_memory_and_rss_
     if (cycle + 1 == warmup) {
       stream.synchronize();
       device_after_warmup = tp_test::device_bytes_in_use();
-      rss_after_warmup = resident_bytes();
+      rss_after_warmup = tp_test::resident_bytes();
     }
   }
   stream.synchronize();
   BOOST_TEST(failed_launches == 0);
   BOOST_TEST(sink.to_host(stream)[n - 1] == 2.0f + static_cast<float>((cycles - 1) % 7));
   const std::size_t device_now = tp_test::device_bytes_in_use();
-  const std::size_t rss_now = resident_bytes();
+  const std::size_t rss_now = tp_test::resident_bytes();
   BOOST_TEST_MESSAGE("cycles " << cycles << ": device in use " << device_after_warmup << " -> " << device_now
                                << " bytes, RSS " << rss_after_warmup << " -> " << rss_now << " bytes");
   if (std::getenv("TENSORPLAY_UNDER_SANITIZER") != nullptr) {

@@ -130,6 +130,15 @@ inline std::size_t device_bytes_in_use() {
   return total - free;
 }
 
+//! The process's resident set size in bytes (leak checks).
+inline std::size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t pages = 0;
+  std::size_t resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
 template <class T>
 std::vector<T> host_copy(const T* device, std::size_t n, cudaStream_t stream) {
   std::vector<T> out(n);
