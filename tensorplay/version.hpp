@@ -4,7 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #define TENSORPLAY_VERSION_MAJOR 0
-#define TENSORPLAY_VERSION_MINOR 1
+#define TENSORPLAY_VERSION_MINOR 2
 #define TENSORPLAY_VERSION_PATCH 0
 
 #if __cplusplus < 202002L

@@ -9,11 +9,24 @@ nvcc is `${CUDA_PATH:-/usr/local/cuda}/bin/nvcc` (.bazelrc passes CUDA_PATH thro
 with --action_env). It runs with the default shell environment so that it finds
 g++ on PATH. Every compile uses
 
-    -c -std=c++20 -arch=sm_90 --extended-lambda -lineinfo -O2 -Xcompiler -fPIC
+    -c -std=c++20 --extended-lambda -lineinfo -O2 -Xcompiler -fPIC <GPU targets>
 
 then the include paths (-I / -isystem) and defines of the deps' CcInfo, then
 `defines`, then `copts`. The CUDA include tree is not declared as inputs (nvcc adds
 it itself).
+
+GPU targets come from the build setting //tools/bazel:cuda_archs, a comma list
+(default sm_90):
+
+    bazel build --//tools/bazel:cuda_archs=sm_80,sm_90 //...
+    build --//tools/bazel:cuda_archs=sm_80,sm_90                # the same in .bazelrc
+    build --@tensorplay//tools/bazel:cuda_archs=sm_80,sm_90     # from another workspace
+
+Each sm_XX becomes `-gencode arch=compute_XX,code=sm_XX` (machine code), and the
+highest one also `-gencode arch=compute_XX,code=compute_XX` (PTX, which newer GPUs
+compile when they load the program; of sm_90 and sm_90a, the PTX of sm_90). A target
+whose `copts` choose GPU targets themselves (-arch, -gencode, -code or their long
+forms) gets none of these.
 
 Public macros / rules (load("//tools/bazel:cuda.bzl", ...)):
 
@@ -97,7 +110,6 @@ tools/gpu/run sets the same variable to that folder for the tests that need it.
 _NVCC_FLAGS = [
     "-c",
     "-std=c++20",
-    "-arch=sm_90",
     "--extended-lambda",
     "-lineinfo",
     "-O2",
@@ -107,6 +119,60 @@ _NVCC_FLAGS = [
 
 # $1.. are the arguments; Bazel passes an empty $0 for run_shell with arguments.
 _NVCC = '"${CUDA_PATH:-/usr/local/cuda}/bin/nvcc"'
+
+# ---------------------------------------------------------------------------
+# GPU targets: the build setting //tools/bazel:cuda_archs
+
+CudaArchsInfo = provider(
+    doc = "The GPU targets of the nvcc compiles, from //tools/bazel:cuda_archs.",
+    fields = {"gencode": "nvcc flags: -gencode arch=compute_XX,code=... per target"},
+)
+
+# nvcc options that choose GPU targets; a target whose copts use one gets no defaults.
+_ARCH_OPTIONS = ["-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code", "--gpu-code"]
+
+def _parse_arch(arch, setting):
+    """'sm_90' -> ('90', 90); 'sm_90a' -> ('90a', 90). Fails on anything else."""
+    name = arch[len("sm_"):] if arch.startswith("sm_") else ""
+    digits = name[:-1] if name[-1:] in ("a", "f") else name
+    if len(digits) < 2 or not digits.isdigit():
+        fail("%s: '%s' is not a GPU target such as sm_90 (expected a comma list, e.g. sm_80,sm_90)" % (setting, arch))
+    return name, int(digits)
+
+def _gencode_flags(value, setting):
+    """nvcc flags for a comma list of sm_XX: machine code for each, PTX for the highest."""
+    parsed = [_parse_arch(a, setting) for a in _uniq([a.strip() for a in value.split(",") if a.strip()])]
+    if not parsed:
+        fail("%s is empty: give at least one GPU target, e.g. sm_90" % setting)
+    flags = []
+    highest = parsed[0]
+    for name, number in parsed:
+        flags += ["-gencode", "arch=compute_%s,code=sm_%s" % (name, name)]
+
+        # Of two with one number, the plain one (its PTX runs on every newer GPU; sm_90a's does not).
+        if number > highest[1] or (number == highest[1] and name.isdigit()):
+            highest = (name, number)
+    flags += ["-gencode", "arch=compute_%s,code=compute_%s" % (highest[0], highest[0])]
+    return flags
+
+def _cuda_archs_impl(ctx):
+    return [CudaArchsInfo(gencode = _gencode_flags(ctx.build_setting_value, "--" + str(ctx.label)))]
+
+cuda_archs_setting = rule(
+    implementation = _cuda_archs_impl,
+    build_setting = config.string(flag = True),
+    doc = "The GPU targets of every nvcc compile: a comma list such as sm_80,sm_90.",
+)
+
+def _chooses_archs(copts):
+    for opt in copts:
+        for o in _ARCH_OPTIONS:
+            if opt == o or opt.startswith(o + "="):
+                return True
+    return False
+
+# ---------------------------------------------------------------------------
+# Compiles
 
 _COMMON_ATTRS = {
     "hdrs": attr.label_list(
@@ -119,6 +185,10 @@ _COMMON_ATTRS = {
     ),
     "copts": attr.string_list(doc = "Extra nvcc flags, after the defaults."),
     "defines": attr.string_list(doc = "Extra -D for these compiles only."),
+    "_cuda_archs": attr.label(
+        default = Label("//tools/bazel:cuda_archs"),
+        providers = [CudaArchsInfo],
+    ),
 }
 
 def _uniq(items):
@@ -137,6 +207,8 @@ def _compilation_context(ctx):
 def _flags(ctx, cc, extra_defines = []):
     """nvcc flags (without -c/-o/source) for a compile in `ctx`."""
     flags = list(_NVCC_FLAGS)
+    if not _chooses_archs(ctx.attr.copts):
+        flags += ctx.attr._cuda_archs[CudaArchsInfo].gencode
 
     # The package's own workspace root (so `#include "pkg/x.hpp"` works as with
     # the cc rules), then the deps' include paths in Bazel's order.

@@ -14,6 +14,8 @@ download:
     lost.
 """
 
+load(":cuda_toolkit.bzl", "cuda_toolkit_repository")
+
 def _stub_repository_impl(repository_ctx):
     for path, content in repository_ctx.attr.files.items():
         repository_ctx.file(path, content, executable = False)
@@ -77,11 +79,7 @@ def tensorplay_repositories(cuda_path = "/usr/local/cuda"):
     """
     tensorplay_offline_stubs()
     if not native.existing_rule("cuda"):
-        native.new_local_repository(
-            name = "cuda",
-            build_file = str(Label("//tools/bazel:cuda.BUILD")),
-            path = cuda_path,
-        )
+        cuda_toolkit_repository(name = "cuda", path = cuda_path)
 
 def _stub_rules_cc():
     _stub_repository(

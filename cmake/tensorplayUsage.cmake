@@ -1,0 +1,69 @@
+# cmake/tensorplayUsage.cmake: the usage requirements of tensorplay that depend on the
+# consumer's CMake and CUDA toolkit. CMakeLists.txt (add_subdirectory, build tree) and the
+# installed tensorplayConfig.cmake (find_package) both include it, so that both decide the
+# same way, with the CMake and the toolkit that compile the consumer.
+include_guard(GLOBAL)
+
+# C++20 for the C++ and CUDA sources of the targets that link `target`, asked the way the
+# consumer's CMake can: the compile feature (cxx_std_20, cuda_std_20) when it knows it for the
+# compiler of that language, else -std=c++20 for the sources of that language. CMake 3.25
+# knows no cuda_std_20 for nvcc (target_compile_features and CUDA_STANDARD 20 both fail
+# there), but nvcc takes -std=c++20. A feature the consumer's CMake does not know for a
+# language it never enabled would fail too, hence the check per language. CMake knows the
+# features once the language is enabled: enable CUDA before find_package(tensorplay).
+# BUILD_INTERFACE: for the build tree only, so that the exported target carries neither and
+# the installed config decides again.
+function(tensorplay_require_cxx20 target)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "BUILD_INTERFACE" "" "")
+  foreach(lang IN ITEMS CXX CUDA)
+    string(TOLOWER "${lang}_std_20" feature)
+    if(feature IN_LIST CMAKE_${lang}_COMPILE_FEATURES)
+      set(requirement ${feature})
+      set(command target_compile_features)
+    else()
+      set(requirement "$<$<COMPILE_LANGUAGE:${lang}>:-std=c++20>")
+      set(command target_compile_options)
+    endif()
+    if(arg_BUILD_INTERFACE)
+      set(requirement "$<BUILD_INTERFACE:${requirement}>")
+    endif()
+    cmake_language(CALL ${command} ${target} INTERFACE "${requirement}")
+  endforeach()
+endfunction()
+
+# The CUDA runtime the headers call: the shared one (CUDA::cudart) for targets that ask
+# for it (CUDA_RUNTIME_LIBRARY Shared), else the static one, as CMake links CUDA targets by
+# default. One runtime per program: two would each keep their own state.
+function(tensorplay_link_cuda_runtime target)
+  set(shared "$<STREQUAL:$<UPPER_CASE:$<TARGET_PROPERTY:CUDA_RUNTIME_LIBRARY>>,SHARED>")
+  target_link_libraries(${target} INTERFACE "$<IF:${shared},CUDA::cudart,CUDA::cudart_static>")
+endfunction()
+
+# Defines tensorplay::nccl (tensorplay::tensorplay + NCCL) when NCCL is found, first in the
+# CUDA toolkit's folders, then in the system's; sets `found_var` to TRUE or FALSE.
+# TENSORPLAY_NCCL_LIBRARY / TENSORPLAY_NCCL_INCLUDE_DIR (cache) point elsewhere.
+# GLOBAL: visible to the whole project (add_subdirectory).
+function(tensorplay_add_nccl_target found_var)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "GLOBAL" "" "")
+  if(NOT TARGET tensorplay::nccl)
+    find_library(TENSORPLAY_NCCL_LIBRARY NAMES nccl HINTS "${CUDAToolkit_LIBRARY_DIR}"
+                 DOC "NCCL library linked by tensorplay::nccl")
+    find_path(TENSORPLAY_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS}
+              DOC "Folder of nccl.h for tensorplay::nccl")
+    if(TENSORPLAY_NCCL_LIBRARY AND TENSORPLAY_NCCL_INCLUDE_DIR)
+      set(scope)
+      if(arg_GLOBAL)
+        set(scope GLOBAL)
+      endif()
+      add_library(tensorplay::nccl INTERFACE IMPORTED ${scope})
+      set_target_properties(tensorplay::nccl PROPERTIES
+        INTERFACE_LINK_LIBRARIES "tensorplay::tensorplay;${TENSORPLAY_NCCL_LIBRARY}"
+        INTERFACE_INCLUDE_DIRECTORIES "${TENSORPLAY_NCCL_INCLUDE_DIR}")
+    endif()
+  endif()
+  if(TARGET tensorplay::nccl)
+    set(${found_var} TRUE PARENT_SCOPE)
+  else()
+    set(${found_var} FALSE PARENT_SCOPE)
+  endif()
+endfunction()
