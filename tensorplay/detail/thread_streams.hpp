@@ -11,6 +11,7 @@
 
 #include <array>
 #include <source_location>
+#include <vector>
 
 namespace tensorplay::detail {
 
@@ -18,6 +19,40 @@ namespace tensorplay::detail {
 struct ThreadStreams {
   std::array<cudaStream_t, config::max_devices> current{};
   std::array<OwnedStream, config::max_devices> side{};  // created on first capture from the default stream
+
+  //! A stream made current for the time of a capture or body, and what was current before.
+  struct Override {
+    int device;
+    cudaStream_t stream;
+    cudaStream_t previous;
+  };
+  std::vector<Override> overrides;  // innermost last
+
+  //! Makes `stream` current on `device` until pop(device, stream).
+  void push(int device, cudaStream_t stream) {
+    overrides.push_back({device, stream, current[device]});
+    current[device] = stream;
+  }
+
+  //! Undoes push(device, stream), also when the pushes are not undone in reverse order (two
+  //! captures on one thread that end in the order they began): a later override of the same
+  //! device then inherits what this one replaced, and the current stream stays the later one's.
+  void pop(int device, cudaStream_t stream) noexcept {
+    for (std::size_t i = overrides.size(); i-- > 0;) {
+      const Override o = overrides[i];
+      if (o.device != device || o.stream != stream) continue;
+      bool covered = false;
+      for (std::size_t j = i + 1; j < overrides.size(); ++j) {
+        if (overrides[j].device != device) continue;
+        overrides[j].previous = o.previous;
+        covered = true;
+        break;
+      }
+      if (!covered) current[device] = o.previous;
+      overrides.erase(overrides.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+  }
 
   //! `stream` is being destroyed: slots naming it fall back to the legacy default stream.
   void forget(cudaStream_t stream) noexcept {

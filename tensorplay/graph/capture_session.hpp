@@ -37,7 +37,6 @@ struct BodyCapture {
   CaptureSeq seq = 0;                          // the body capture's sequence id
   cudaGraphConditionalHandle handle = 0;       // the handle of the node the body belongs to
   cudaGraph_t slot = nullptr;                  // the node's body graph
-  cudaStream_t previous_current = nullptr;     // current stream before the body opened
   //! Conditional nodes opened inside this body: the empty node standing for each in this body's
   //! capture, and the real node, created directly in `slot`.
   std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>> nested;
@@ -80,11 +79,10 @@ class CaptureSession final : public CaptureOwner {
     device_ = device;
     mode_ = mode;
     owner_thread_ = &thread_streams();
-    previous_current_ = thread_streams().current[device];
     bodies_.clear();
     context_.open(device, stream, seq, std::move(pool));
     CaptureRegistry::instance().add_capture(&context_, this, stream, seq, device);
-    set_current_stream(device, stream);
+    thread_streams().push(device, stream);
     end_.store(CaptureEnd::Open, std::memory_order_release);
   }
 
@@ -148,8 +146,7 @@ class CaptureSession final : public CaptureOwner {
   void push_body(BodyCapture body) {
     CaptureRegistry::instance().add_body(&context_, body.seq, device_);
     context_.body_opened(body.seq);
-    body.previous_current = thread_streams().current[device_];
-    set_current_stream(device_, body.stream);
+    thread_streams().push(device_, body.stream);
     bodies_.push_back(std::move(body));
   }
 
@@ -162,7 +159,7 @@ class CaptureSession final : public CaptureOwner {
     const CaptureSeq parent_seq = bodies_.empty() ? 0 : bodies_.back().seq;  // 0: the capture's own
     context_.body_closed(body.seq, body.stream, parent_seq, parent_stream);
     CaptureRegistry::instance().remove_body(body.seq);
-    set_current_stream(device_, body.previous_current);
+    thread_streams().pop(device_, body.stream);
     return body;
   }
 
@@ -181,7 +178,7 @@ class CaptureSession final : public CaptureOwner {
       BodyCapture& body = bodies_.back();
       discard(body.stream);  // its own capture: ends cleanly whatever state CUDA left it in
       CaptureRegistry::instance().remove_body(body.seq);
-      if (same_thread) set_current_stream(device_, body.previous_current);
+      if (same_thread) thread_streams().pop(device_, body.stream);
       bodies_.pop_back();
     }
     discard(stream_);
@@ -190,7 +187,7 @@ class CaptureSession final : public CaptureOwner {
 
   // Restores the current stream, unregisters, lets the pool settle what the capture freed.
   std::shared_ptr<PoolImpl> finish(CaptureEnd why, bool restore_current = true) noexcept {
-    if (restore_current) set_current_stream(device_, previous_current_);
+    if (restore_current) thread_streams().pop(device_, stream_);
     std::shared_ptr<PoolImpl> pool = context_.close();
     CaptureRegistry::instance().remove_capture(&context_);
     end_.store(why, std::memory_order_release);
@@ -201,7 +198,6 @@ class CaptureSession final : public CaptureOwner {
   int device_ = -1;
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeGlobal;
   const ThreadStreams* owner_thread_ = nullptr;  // the capturing thread (its current-stream table)
-  cudaStream_t previous_current_ = nullptr;
   std::atomic<CaptureEnd> end_{CaptureEnd::Ended};
   std::vector<BodyCapture> bodies_;       // open conditional bodies, innermost last
   std::vector<OwnedStream> body_streams_; // one per nesting depth, reused by later captures

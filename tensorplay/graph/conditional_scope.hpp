@@ -53,8 +53,9 @@ class ConditionalScope {
       if (refresh_ && !unwinding) refresh_();
       graph_->end_capture_to_conditional_node(where_);
     } catch (...) {
-      // A destructor must not throw. A body that cannot be closed has abandoned the capture,
-      // and capture_end reports that.
+      // A destructor must not throw. A body that cannot be closed has abandoned the capture;
+      // capture_end rethrows this error (a cuda_error when CUDA invalidated the capture).
+      graph_->defer_error(std::current_exception());
     }
   }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/options.hpp>
@@ -56,6 +57,9 @@ class Executable {
       params.uploadStream = *upload_stream;
     }
     cudaGraphExec_t exec = nullptr;
+    // Relaxed: CUDA refuses instantiation on a thread with another capture open (thread_local
+    // mode), or while any capture runs (global mode), though it does not disturb the capture.
+    RelaxedCaptureMode relaxed;
     const cudaError_t status = detail::instantiate(&exec, graph, &params);
     if (status != cudaSuccess) {
       if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
@@ -77,6 +81,7 @@ class Executable {
   //! \throws cuda_error for failures other than a refusal.
   bool try_update(cudaGraph_t graph, UpdateResult& result, const std::source_location& where) {
     cudaGraphExecUpdateResultInfo info{};
+    RelaxedCaptureMode relaxed;  // as for instantiate
     const cudaError_t status = exec_update(exec_.get(), graph, &info);
     result.reason = info.result;
     result.error_node = node_type_of(info.errorNode);

@@ -29,6 +29,7 @@
 
 #include <array>
 #include <cstddef>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -42,6 +43,13 @@ namespace tensorplay {
 
 //! The kinds of conditional node a ConditionalScope opens.
 enum class ConditionalKind { If, While };
+
+template <ConditionalKind K>
+class ConditionalScope;
+
+namespace detail {
+struct GraphAccess;
+}  // namespace detail
 
 //! A CUDA graph: capture work issued to a stream, compile it when capture ends, replay it.
 //!
@@ -82,9 +90,8 @@ class Graph {
   //!         cuda_error (with CUDA's status) when the capture was invalidated: the graph and
   //!         the stream are usable afterwards and the graph can capture again.
   void capture_end(std::source_location where = std::source_location::current()) {
-    require_open_capture("capture_end", where);
-    detail::GraphHandle graph = end_session(where);
-    commit(std::move(graph), where);
+    end_without_compiling(where);
+    compile(where);
   }
 
   //! capture_begin, then body(capture stream) or body(), then capture_end. If the body throws,
@@ -392,6 +399,27 @@ class Graph {
   }
 
  private:
+  template <ConditionalKind>
+  friend class ConditionalScope;
+  friend struct detail::GraphAccess;
+
+  // capture_end without compiling (instantiate() compiles later): for captures that must all
+  // end before any is compiled (DeviceGroupGraph), or whose graphs share one executable.
+  void end_without_compiling(const std::source_location& where) {
+    if (deferred_error_) std::rethrow_exception(std::exchange(deferred_error_, nullptr));
+    require_open_capture("capture_end", where);
+    graph_ = end_session(where);
+    device_ = capture_device_;
+    mode_ = capture_mode_;
+    has_conditionals_ = capturing_conditionals_;
+    retained_.retain_on(graph_.get(), where);
+  }
+
+  // A ConditionalScope could not close its body (in its destructor): capture_end rethrows.
+  void defer_error(std::exception_ptr error) noexcept {
+    if (!deferred_error_) deferred_error_ = std::move(error);
+  }
+
   // ---- capture internals ----------------------------------------------------------------
 
   void begin_session(const CaptureOptions& options, std::shared_ptr<detail::PoolImpl> pool, const std::source_location& where) {
@@ -416,6 +444,7 @@ class Graph {
     const cudaStreamCaptureMode mode = detail::to_cuda(options.capture_error_mode.value_or(options_.capture_error_mode));
     if (!session_) session_ = std::make_unique<detail::CaptureSession>();  // kept: no allocation per capture
     session_->begin(stream, device, mode, std::move(pool), where);
+    deferred_error_ = nullptr;
     capturing_conditionals_ = false;
     capture_device_ = device;
     capture_mode_ = options.capture_error_mode.value_or(options_.capture_error_mode);
@@ -435,16 +464,6 @@ class Graph {
     }
     if (ended.second && !graph_) pool_ = Pool(std::move(ended.second));
     return std::move(ended.first);
-  }
-
-  // A first capture's graph becomes the graph.
-  void commit(detail::GraphHandle graph, const std::source_location& where) {
-    graph_ = std::move(graph);
-    device_ = capture_device_;
-    mode_ = capture_mode_;
-    has_conditionals_ = capturing_conditionals_;
-    retained_.retain_on(graph_.get(), where);
-    compile(where);
   }
 
   void compile(const std::source_location& where) {
@@ -599,7 +618,20 @@ class Graph {
   bool debug_ = false;
   bool has_conditionals_ = false;        // CUDA refuses such a graph as a child graph
   bool capturing_conditionals_ = false;  // the open capture made conditional nodes
+  std::exception_ptr deferred_error_;  // what a ConditionalScope's destructor could not throw
   std::unique_ptr<detail::CaptureSession> session_;  // destroyed first: abandons an open capture
 };
 
+namespace detail {
+
+//! What other parts of the library (DeviceGroupGraph, GraphBuckets) need of a Graph beyond its
+//! public API.
+struct GraphAccess {
+  //! Ends the capture without compiling; Graph::instantiate() compiles later.
+  static void end_capture_only(Graph& graph, const std::source_location& where) { graph.end_without_compiling(where); }
+  //! The Graph's pool object (its implementation), to keep alive beside its executables.
+  static const std::shared_ptr<PoolImpl>& pool_impl(const Graph& graph) noexcept { return graph.pool_.impl(); }
+};
+
+}  // namespace detail
 }  // namespace tensorplay
