@@ -10,7 +10,6 @@
 #include <cublas_v2.h>
 
 #include <cstddef>
-#include <source_location>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -27,16 +26,16 @@ namespace tensorplay {
 //! initialized) at main.cu:42`.
 class cublas_error : public std::runtime_error {
  public:
-  cublas_error(cublasStatus_t status, std::string_view call, std::source_location where)
+  cublas_error(cublasStatus_t status, std::string_view call, tensorplay::source_location where)
       : std::runtime_error(describe(status, call, where)), status_(status), where_(where) {}
 
   //! The status the failing call returned.
   [[nodiscard]] cublasStatus_t status() const noexcept { return status_; }
   //! Where the caller asked for the failing call.
-  [[nodiscard]] const std::source_location& where() const noexcept { return where_; }
+  [[nodiscard]] const tensorplay::source_location& where() const noexcept { return where_; }
 
  private:
-  static std::string describe(cublasStatus_t status, std::string_view call, std::source_location where) {
+  static std::string describe(cublasStatus_t status, std::string_view call, tensorplay::source_location where) {
     std::string text(call);
     text += " failed: ";
     text += cublasGetStatusName(status);
@@ -50,13 +49,13 @@ class cublas_error : public std::runtime_error {
   }
 
   cublasStatus_t status_;
-  std::source_location where_;
+  tensorplay::source_location where_;
 };
 
 namespace detail {
 
 //! Throws `cublas_error` when `status` is not CUBLAS_STATUS_SUCCESS.
-inline void check_cublas(cublasStatus_t status, const char* call, const std::source_location& where) {
+inline void check_cublas(cublasStatus_t status, const char* call, const tensorplay::source_location& where) {
   if (status != CUBLAS_STATUS_SUCCESS) [[unlikely]]
     throw cublas_error(status, call, where);
 }
@@ -82,7 +81,7 @@ inline void check_cublas(cublasStatus_t status, const char* call, const std::sou
 //! \throws cublas_error when cuBLAS refuses the handle, the stream or the workspace (e.g. a
 //! handle that was never created), naming the caller's file:line.
 inline void cublas_set_stream(cublasHandle_t handle, StreamRef stream, std::span<std::byte> workspace,
-                              std::source_location where = std::source_location::current()) {
+                              tensorplay::source_location where = tensorplay::source_location::current()) {
   detail::check_cublas(cublasSetStream(handle, stream.get()), "cublasSetStream", where);
   detail::check_cublas(cublasSetWorkspace(handle, workspace.data(), workspace.size()), "cublasSetWorkspace", where);
 }

@@ -12,7 +12,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <source_location>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -40,14 +39,14 @@ class DeviceTensor {
   DeviceTensor() noexcept = default;
 
   //! `n` uninitialised elements, allocated for use on the current stream.
-  explicit DeviceTensor(std::size_t n, std::source_location where = std::source_location::current())
+  explicit DeviceTensor(std::size_t n, tensorplay::source_location where = tensorplay::source_location::current())
       : size_(n) {
     if (n == 0) return;
     block_ = detail::PoolBlock::on_current_stream(n * sizeof(T), where);
   }
 
   //! `n` uninitialised elements, allocated for use on `stream`.
-  DeviceTensor(std::size_t n, StreamRef stream, std::source_location where = std::source_location::current())
+  DeviceTensor(std::size_t n, StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current())
       : size_(n) {
     if (n == 0) return;
     block_ = detail::PoolBlock(n * sizeof(T), stream.get(), [&] { return stream.device(where); }, where);
@@ -88,23 +87,23 @@ class DeviceTensor {
 
   //! Copies `source` (host memory, `size()` elements) in, ordered on `stream`.
   void copy_from_host(std::span<const T> source, StreamRef stream,
-                      std::source_location where = std::source_location::current()) {
+                      tensorplay::source_location where = tensorplay::source_location::current()) {
     require_size(source.size(), "copy_from_host");
     TENSORPLAY_CHECK(cudaMemcpyAsync(data(), source.data(), bytes(), cudaMemcpyHostToDevice, stream), where);
   }
-  void copy_from_host(std::span<const T> source, std::source_location where = std::source_location::current()) {
+  void copy_from_host(std::span<const T> source, tensorplay::source_location where = tensorplay::source_location::current()) {
     copy_from_host(source, current_stream(where), where);
   }
 
   //! Copies the elements out after the work already issued to `stream`; waits for it.
-  [[nodiscard]] std::vector<T> to_host(StreamRef stream, std::source_location where = std::source_location::current()) const {
+  [[nodiscard]] std::vector<T> to_host(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) const {
     std::vector<T> out(size_);
     if (size_ == 0) return out;
     TENSORPLAY_CHECK(cudaMemcpyAsync(out.data(), data(), bytes(), cudaMemcpyDeviceToHost, stream), where);
     TENSORPLAY_CHECK(cudaStreamSynchronize(stream), where);
     return out;
   }
-  [[nodiscard]] std::vector<T> to_host(std::source_location where = std::source_location::current()) const {
+  [[nodiscard]] std::vector<T> to_host(tensorplay::source_location where = tensorplay::source_location::current()) const {
     return to_host(current_stream(where), where);
   }
 

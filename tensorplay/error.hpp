@@ -5,12 +5,43 @@
 
 #include <cuda_runtime_api.h>
 
-#include <source_location>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#if __has_include(<source_location>)
+#include <source_location>
+#endif
 
 namespace tensorplay {
+
+#if defined(__cpp_lib_source_location)
+//! Where a caller asked for work (std::source_location where the standard library has it).
+using source_location = std::source_location;
+#else
+//! Where a caller asked for work: std::source_location's interface, for standard libraries that
+//! lack it with this compiler (clang 14 with libstdc++ 12 has the compiler builtins only).
+class source_location {
+ public:
+  static constexpr source_location current(const char* file = __builtin_FILE(), const char* function = __builtin_FUNCTION(),
+                                           unsigned line = __builtin_LINE()) noexcept {
+    source_location where;
+    where.file_ = file;
+    where.function_ = function;
+    where.line_ = line;
+    return where;
+  }
+  constexpr source_location() noexcept = default;
+  [[nodiscard]] constexpr const char* file_name() const noexcept { return file_; }
+  [[nodiscard]] constexpr const char* function_name() const noexcept { return function_; }
+  [[nodiscard]] constexpr unsigned line() const noexcept { return line_; }
+  [[nodiscard]] constexpr unsigned column() const noexcept { return 0; }
+
+ private:
+  const char* file_ = "";
+  const char* function_ = "";
+  unsigned line_ = 0;
+};
+#endif
 
 //! A CUDA runtime call failed.
 //!
@@ -19,16 +50,16 @@ namespace tensorplay {
 //! Example: `cudaGraphLaunch failed: cudaErrorInvalidValue (invalid argument) at main.cu:42`.
 class cuda_error : public std::runtime_error {
  public:
-  cuda_error(cudaError_t status, std::string_view call, std::source_location where)
+  cuda_error(cudaError_t status, std::string_view call, tensorplay::source_location where)
       : std::runtime_error(describe(status, call, where)), status_(status), where_(where) {}
 
   //! The status the failing call returned.
   [[nodiscard]] cudaError_t status() const noexcept { return status_; }
   //! Where the caller asked for the failing work.
-  [[nodiscard]] const std::source_location& where() const noexcept { return where_; }
+  [[nodiscard]] const tensorplay::source_location& where() const noexcept { return where_; }
 
  private:
-  static std::string describe(cudaError_t status, std::string_view call, std::source_location where) {
+  static std::string describe(cudaError_t status, std::string_view call, tensorplay::source_location where) {
     std::string text(call);
     text += " failed: ";
     text += cudaGetErrorName(status);
@@ -51,7 +82,7 @@ class cuda_error : public std::runtime_error {
   }
 
   cudaError_t status_;
-  std::source_location where_;
+  tensorplay::source_location where_;
 };
 
 //! The API was misused: wrong state (replay before capture, end without begin) or a bad
@@ -66,7 +97,7 @@ namespace detail {
 
 //! Throws `cuda_error` when `status` is not cudaSuccess. Clears the runtime's last-error
 //! state first, so the failure does not resurface from an unrelated later call.
-inline void check(cudaError_t status, const char* call, const std::source_location& where) {
+inline void check(cudaError_t status, const char* call, const tensorplay::source_location& where) {
   if (status != cudaSuccess) [[unlikely]] {
     (void)cudaGetLastError();
     throw cuda_error(status, call, where);
@@ -79,5 +110,5 @@ inline void check(cudaError_t status, const char* call, const std::source_locati
 }  // namespace tensorplay
 
 //! Runs a CUDA runtime call and throws `cuda_error` naming it and `where` when it fails.
-//! `where` is the std::source_location of the user's call into tensorplay.
+//! `where` is the tensorplay::source_location of the user's call into tensorplay.
 #define TENSORPLAY_CHECK(call, where) ::tensorplay::detail::check((call), #call, (where))

@@ -10,10 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <memory>
-#include <ostream>
-#include <source_location>
+#include <memory>  // also declares std::hash, specialised below
 #include <string>
 #include <utility>
 
@@ -31,9 +28,15 @@ class PoolId {
   constexpr explicit operator bool() const noexcept { return serial_ != 0; }
 
   friend constexpr bool operator==(PoolId, PoolId) noexcept = default;
-  friend std::ostream& operator<<(std::ostream& os, PoolId id) {
-    if (!id) return os << "PoolId(none)";
-    return os << "PoolId(device " << id.device_ << ", #" << id.serial_ << ')';
+  //! Prints "PoolId(device D, #N)" on any output stream (a template: no <ostream> needed here).
+  template <class OStream>
+  friend OStream& operator<<(OStream& os, PoolId id) {
+    if (!id) {
+      os << "PoolId(none)";
+    } else {
+      os << "PoolId(device " << id.device_ << ", #" << id.serial_ << ')';
+    }
+    return os;
   }
 
  private:
@@ -55,7 +58,7 @@ class Pool {
   Pool() noexcept = default;
 
   //! The live pool named by `id`; throws usage_error if there is none (never was, or died).
-  explicit Pool(PoolId id, std::source_location where = std::source_location::current()) {
+  explicit Pool(PoolId id, tensorplay::source_location where = tensorplay::source_location::current()) {
     (void)where;
     if (id) impl_ = detail::PoolDirectory::instance().find(id.serial());
     if (!impl_) {
@@ -80,7 +83,11 @@ class Pool {
   [[nodiscard]] long use_count() const noexcept { return impl_.use_count(); }
 
   friend bool operator==(const Pool& a, const Pool& b) noexcept { return a.impl_ == b.impl_; }
-  friend std::ostream& operator<<(std::ostream& os, const Pool& pool) { return os << "Pool(" << pool.id() << ')'; }
+  template <class OStream>
+  friend OStream& operator<<(OStream& os, const Pool& pool) {
+    os << "Pool(" << pool.id() << ')';
+    return os;
+  }
 
   //! Gives CUDA back the memory of the default pools that no tensor uses (like PyTorch's
   //! empty_cache). Graph pools keep theirs: graphs may still use it. Returns the bytes released.
@@ -105,7 +112,7 @@ class Pool {
 
 //! A new private pool on the current device, not yet used by any graph. Pass it to several
 //! graphs (GraphOptions::pool or CaptureOptions::pool) to let them share memory.
-[[nodiscard]] inline Pool graph_pool_handle(std::source_location where = std::source_location::current()) {
+[[nodiscard]] inline Pool graph_pool_handle(tensorplay::source_location where = tensorplay::source_location::current()) {
   return Pool(detail::PoolDirectory::instance().make_graph_pool(detail::current_device(where)));
 }
 

@@ -10,7 +10,6 @@
 
 #include <array>
 #include <cstddef>
-#include <source_location>
 #include <utility>
 
 namespace tensorplay {
@@ -41,19 +40,19 @@ class StreamRef {
   }
 
   //! The device this stream belongs to (the current device for the default streams).
-  [[nodiscard]] int device(std::source_location where = std::source_location::current()) const {
+  [[nodiscard]] int device(tensorplay::source_location where = tensorplay::source_location::current()) const {
     return device_ >= 0 ? device_ : detail::stream_device(stream_, where);
   }
 
   //! True while work issued to this stream is being captured into a graph.
-  [[nodiscard]] bool is_capturing(std::source_location where = std::source_location::current()) const {
+  [[nodiscard]] bool is_capturing(tensorplay::source_location where = tensorplay::source_location::current()) const {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     TENSORPLAY_CHECK(cudaStreamIsCapturing(stream_, &status), where);
     return status != cudaStreamCaptureStatusNone;
   }
 
   //! Blocks the host until all work issued to this stream has completed.
-  void synchronize(std::source_location where = std::source_location::current()) const {
+  void synchronize(tensorplay::source_location where = tensorplay::source_location::current()) const {
     TENSORPLAY_CHECK(cudaStreamSynchronize(stream_), where);
   }
 
@@ -75,11 +74,11 @@ class StreamRef {
 class Stream : public StreamRef {
  public:
   //! A new non-blocking stream on the current device.
-  explicit Stream(std::source_location where = std::source_location::current())
+  explicit Stream(tensorplay::source_location where = tensorplay::source_location::current())
       : Stream(detail::current_device(where), where) {}
 
   //! A new non-blocking stream on `device`. The current device is left unchanged.
-  explicit Stream(int device, std::source_location where = std::source_location::current()) {
+  explicit Stream(int device, tensorplay::source_location where = tensorplay::source_location::current()) {
     detail::DeviceGuard guard(device, where);
     TENSORPLAY_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), where);
     device_ = device;
@@ -114,7 +113,7 @@ class Stream : public StreamRef {
 
 //! This thread's current stream on the current device; the legacy default stream unless a
 //! StreamGuard or an open capture made another one current.
-[[nodiscard]] inline StreamRef current_stream(std::source_location where = std::source_location::current()) {
+[[nodiscard]] inline StreamRef current_stream(tensorplay::source_location where = tensorplay::source_location::current()) {
   return detail::thread_streams().current[detail::current_device(where)];
 }
 
@@ -127,7 +126,7 @@ class Stream : public StreamRef {
 //!     { tensorplay::StreamGuard guard(s); launch_work(tensorplay::current_stream()); }  // runs on s
 class StreamGuard {
  public:
-  explicit StreamGuard(StreamRef stream, std::source_location where = std::source_location::current())
+  explicit StreamGuard(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current())
       : previous_device_(detail::current_device(where)),
         device_(stream.device(where)),
         previous_stream_(detail::thread_streams().current[device_]) {

@@ -23,7 +23,6 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <source_location>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -269,7 +268,7 @@ struct PointerInfo {
   }
 };
 
-inline PointerInfo pointer_info(const void* ptr, const std::source_location& where) {
+inline PointerInfo pointer_info(const void* ptr, const tensorplay::source_location& where) {
   cudaPointerAttributes attributes{};
   TENSORPLAY_CHECK(cudaPointerGetAttributes(&attributes, ptr), where);
   return {attributes.type, attributes.device};

@@ -14,7 +14,6 @@
 #include <thrust/device_ptr.h>
 
 #include <cstddef>
-#include <source_location>
 #include <type_traits>
 #include <utility>
 
@@ -50,7 +49,7 @@ class PoolAllocator {
       : stream_(other.stream()), has_stream_(other.has_stream()) {}
 
   [[nodiscard]] pointer allocate(std::size_t n) {
-    const auto where = std::source_location::current();
+    const auto where = tensorplay::source_location::current();
     const StreamRef stream = stream_;
     detail::PoolBlock block =
         has_stream_ ? detail::PoolBlock(n * sizeof(T), stream.get(), [&] { return stream.device(where); }, where)
@@ -81,7 +80,7 @@ class PoolAllocator {
 //! allocated on), so that the pool does not hand it out again before that use completes.
 //! For DeviceTensor, call its record_stream member. Throws usage_error for other pointers.
 inline void record_stream(const void* pool_allocated, StreamRef stream,
-                          std::source_location where = std::source_location::current()) {
+                          tensorplay::source_location where = tensorplay::source_location::current()) {
   (void)where;
   if (!detail::AllocatorTable::instance().record_use(pool_allocated, stream))
     detail::throw_usage("record_stream: the pointer was not allocated by a tensorplay::PoolAllocator");

@@ -40,9 +40,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <source_location>
 #include <tuple>
-#include <unordered_map>
 #include <vector>
 
 namespace tensorplay::detail {
@@ -163,7 +161,7 @@ class PoolImpl {
   }
 
   //! A block of at least `bytes` for use on `stream`, within capture sequence `seq` (0: eager).
-  Block* allocate(std::size_t bytes, cudaStream_t stream, CaptureSeq seq, const std::source_location& where) {
+  Block* allocate(std::size_t bytes, cudaStream_t stream, CaptureSeq seq, const tensorplay::source_location& where) {
     const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), round_bytes);
     std::lock_guard lock(mutex_);
     if (!pending_.empty()) poll_pending();
@@ -397,7 +395,7 @@ class PoolImpl {
     return find(true, nullptr, 0, size);
   }
 
-  Block* new_segment(std::size_t size, const std::source_location& where) {
+  Block* new_segment(std::size_t size, const tensorplay::source_location& where) {
     const std::size_t bytes = segment_size_for(size);
     void* ptr = nullptr;
     {

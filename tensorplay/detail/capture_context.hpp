@@ -14,7 +14,6 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
-#include <source_location>
 #include <utility>
 #include <vector>
 
@@ -94,7 +93,7 @@ struct Route {
 //! `device_of()` is asked only when the default pool is the answer: the device of a
 //! capturing stream is the capture's (and CUDA will not tell it while the stream captures).
 template <class DeviceOf>
-Route route_allocation(cudaStream_t stream, DeviceOf&& device_of, const std::source_location& where) {
+Route route_allocation(cudaStream_t stream, DeviceOf&& device_of, const tensorplay::source_location& where) {
   (void)where;
   auto& registry = CaptureRegistry::instance();
   if (registry.any_open()) {
@@ -114,13 +113,13 @@ class PoolBlock {
  public:
   PoolBlock() noexcept = default;
   template <class DeviceOf>
-  PoolBlock(std::size_t bytes, cudaStream_t stream, DeviceOf&& device_of, const std::source_location& where) {
+  PoolBlock(std::size_t bytes, cudaStream_t stream, DeviceOf&& device_of, const tensorplay::source_location& where) {
     Route route = route_allocation(stream, device_of, where);
     block_ = route.pool->allocate(bytes, stream, route.seq, where);
     pool_ = std::move(route.pool);
   }
   //! For use on this thread's current stream of the current device.
-  static PoolBlock on_current_stream(std::size_t bytes, const std::source_location& where) {
+  static PoolBlock on_current_stream(std::size_t bytes, const tensorplay::source_location& where) {
     const int device = current_device(where);
     return PoolBlock(bytes, thread_streams().current[device], [device] { return device; }, where);
   }

@@ -9,14 +9,13 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
-#include <source_location>
 #include <string>
 
 namespace tensorplay::detail {
 
 using config::max_devices;
 
-inline int current_device(const std::source_location& where) {
+inline int current_device(const tensorplay::source_location& where) {
   int device = 0;
   TENSORPLAY_CHECK(cudaGetDevice(&device), where);
   if (device < 0 || device >= max_devices) [[unlikely]]
@@ -52,7 +51,7 @@ inline int device_count() noexcept {
 //! current device. CUDA refuses cudaStreamGetDevice on a stream that is being captured; the
 //! device of a capture tensorplay began is in the capture registry, any other capturing
 //! stream is taken to be on the current device.
-inline int stream_device(cudaStream_t stream, const std::source_location& where) {
+inline int stream_device(cudaStream_t stream, const tensorplay::source_location& where) {
   if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
     return current_device(where);
 #if CUDART_VERSION >= 12080
@@ -74,7 +73,7 @@ inline int stream_device(cudaStream_t stream, const std::source_location& where)
 //! Makes `device` current for its lifetime; restores the previous device only if it switched.
 class DeviceGuard {
  public:
-  DeviceGuard(int device, const std::source_location& where) {
+  DeviceGuard(int device, const tensorplay::source_location& where) {
     const int current = current_device(where);
     if (current != device) {
       TENSORPLAY_CHECK(cudaSetDevice(device), where);

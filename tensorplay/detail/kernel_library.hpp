@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <source_location>
 #include <type_traits>
 
 namespace tensorplay::detail {
@@ -51,7 +50,7 @@ class KernelLibrary {
  public:
   //! The library, loaded (on first call) and ready on `device` (its module is loaded there
   //! eagerly, so that the first capture that uses a kernel does not pay for loading it).
-  static const KernelLibrary& on(int device, const std::source_location& where) {
+  static const KernelLibrary& on(int device, const tensorplay::source_location& where) {
     static const KernelLibrary library(where);  // a throw leaves it unloaded: the next call retries
     library.prepare(device, where);
     return library;
@@ -78,7 +77,7 @@ class KernelLibrary {
   }
 
  private:
-  explicit KernelLibrary(const std::source_location& where) {
+  explicit KernelLibrary(const tensorplay::source_location& where) {
 #if !defined(__CUDA_ARCH__)  // nvcc's device pass never runs host code, and skips the fatbin
     const std::size_t chars = sizeof(kernels::fatbin_base64) - 1;
     // 8-byte words: the image must be aligned like the ELF data it holds.
@@ -93,12 +92,12 @@ class KernelLibrary {
     load(gather_, kernels::gather_kernel_name, where);
   }
 
-  void load(cudaKernel_t& kernel, const char* name, const std::source_location& where) const {
+  void load(cudaKernel_t& kernel, const char* name, const tensorplay::source_location& where) const {
     check(cudaLibraryGetKernel(&kernel, library_, name), "cudaLibraryGetKernel (tensorplay's own kernels)", where);
   }
 
   // Loads the module on `device` once: asking a kernel's attributes there makes the driver load it.
-  void prepare(int device, const std::source_location& where) const {
+  void prepare(int device, const tensorplay::source_location& where) const {
     if (ready_[device].load(std::memory_order_acquire)) [[likely]]
       return;
     std::lock_guard lock(mutex_);
@@ -125,7 +124,7 @@ class KernelLibrary {
 //! `stream` and throws cuda_error if the launch is refused. `programmatic`: the kernel may start
 //! before the previous kernel on the stream ends (it waits with cudaGridDependencySynchronize).
 inline void launch(const void* kernel, dim3 grid, dim3 block, cudaStream_t stream, bool programmatic, void** args,
-                   const char* what, const std::source_location& where) {
+                   const char* what, const tensorplay::source_location& where) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;

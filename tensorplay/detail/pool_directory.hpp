@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -18,8 +19,6 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
-#include <source_location>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -41,14 +40,14 @@ class PoolDirectory {
       PoolDirectory::instance().forget(p->serial());
       delete p;
     });
-    live_[serial] = pool;
+    live_.emplace_back(serial, pool);
     return pool;
   }
 
   std::shared_ptr<PoolImpl> find(std::uint64_t serial) {
     std::lock_guard lock(mutex_);
-    auto it = live_.find(serial);
-    return it == live_.end() ? nullptr : it->second.lock();
+    auto it = position(serial);
+    return it == live_.end() || it->first != serial ? nullptr : it->second.lock();
   }
 
   //! The default pool of `device`. Never destroyed (a tensor in a static object may still
@@ -61,7 +60,7 @@ class PoolDirectory {
       if (!ready_[device].load(std::memory_order_relaxed)) {
         const std::uint64_t serial = ++last_serial_;
         slot = std::shared_ptr<PoolImpl>(new PoolImpl(device, serial, PoolImpl::Kind::Default));
-        live_[serial] = slot;
+        live_.emplace_back(serial, slot);
         if (!exit_handler_) exit_handler_ = std::atexit([] { PoolDirectory::instance().release_unused_default_memory(); }) == 0;
         ready_[device].store(true, std::memory_order_release);
       }
@@ -102,14 +101,23 @@ class PoolDirectory {
   }
 
  private:
+  using Entry = std::pair<std::uint64_t, std::weak_ptr<PoolImpl>>;
+  // The first entry whose serial is not below `serial`. Mutex held.
+  std::vector<Entry>::iterator position(std::uint64_t serial) {
+    return std::lower_bound(live_.begin(), live_.end(), serial,
+                            [](const Entry& entry, std::uint64_t s) { return entry.first < s; });
+  }
+
   void forget(std::uint64_t serial) {
     std::lock_guard lock(mutex_);
-    live_.erase(serial);
+    if (auto it = position(serial); it != live_.end() && it->first == serial) live_.erase(it);
   }
 
   std::mutex mutex_;
   std::uint64_t last_serial_ = 0;
-  std::unordered_map<std::uint64_t, std::weak_ptr<PoolImpl>> live_;
+  // Live pools by serial, in increasing serial order (serials only grow, so appending keeps it
+  // sorted): a binary search finds one.
+  std::vector<Entry> live_;
   std::array<std::shared_ptr<PoolImpl>, max_devices> defaults_{};
   std::array<std::atomic<bool>, max_devices> ready_{};
   bool exit_handler_ = false;

@@ -9,12 +9,13 @@
 
 #include <tensorplay/version.hpp>
 
-#include <condition_variable>
-#include <deque>
+#include <pthread.h>
+
+#include <atomic>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <utility>
+#include <vector>
 
 namespace tensorplay::detail {
 
@@ -29,6 +30,9 @@ struct RetainedValue final : RetainedBox {
   T value;
 };
 
+// The thread is a POSIX thread woken through std::atomic wait/notify: <thread> and
+// <condition_variable> would cost every translation unit that includes tensorplay a second of
+// compile time.
 class Reaper {
  public:
   static Reaper& instance() {
@@ -43,40 +47,41 @@ class Reaper {
       std::lock_guard lock(r.mutex_);
       r.queue_.push_back(static_cast<RetainedBox*>(box));
     }
-    r.ready_.notify_one();
+    r.pending_.fetch_add(1, std::memory_order_release);
+    r.pending_.notify_all();
   }
 
-  //! Blocks until every object handed over so far is destroyed (tests).
-  void drain() {
-    std::unique_lock lock(mutex_);
-    idle_.wait(lock, [&] { return queue_.empty() && busy_ == 0; });
+  //! Blocks until every object handed over so far is destroyed.
+  void drain() noexcept {
+    for (unsigned left = pending_.load(std::memory_order_acquire); left != 0; left = pending_.load(std::memory_order_acquire))
+      pending_.wait(left);
   }
 
  private:
   Reaper() {
-    std::thread([this] { run(); }).detach();
+    pthread_t thread{};
+    if (pthread_create(&thread, nullptr, &Reaper::run, this) == 0) pthread_detach(thread);
   }
 
-  void run() {
-    std::unique_lock lock(mutex_);
+  static void* run(void* self) {
+    auto* reaper = static_cast<Reaper*>(self);
+    std::vector<RetainedBox*> batch;
     for (;;) {
-      ready_.wait(lock, [&] { return !queue_.empty(); });
-      RetainedBox* box = queue_.front();
-      queue_.pop_front();
-      ++busy_;
-      lock.unlock();
-      delete box;  // the user's destructor, which may call CUDA
-      lock.lock();
-      --busy_;
-      if (queue_.empty() && busy_ == 0) idle_.notify_all();
+      reaper->pending_.wait(0, std::memory_order_acquire);
+      {
+        std::lock_guard lock(reaper->mutex_);
+        batch.swap(reaper->queue_);
+      }
+      for (RetainedBox* box : batch) delete box;  // the user's destructors, which may call CUDA
+      reaper->pending_.fetch_sub(static_cast<unsigned>(batch.size()), std::memory_order_release);
+      reaper->pending_.notify_all();
+      batch.clear();
     }
   }
 
   std::mutex mutex_;
-  std::condition_variable ready_;
-  std::condition_variable idle_;
-  std::deque<RetainedBox*> queue_;
-  int busy_ = 0;
+  std::vector<RetainedBox*> queue_;
+  std::atomic<unsigned> pending_{0};  // handed over and not destroyed yet
 };
 
 }  // namespace tensorplay::detail

@@ -10,7 +10,6 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
-#include <source_location>
 #include <vector>
 
 namespace tensorplay::detail {
@@ -70,7 +69,7 @@ inline void set_current_stream(int device, cudaStream_t stream) noexcept { threa
 
 //! This thread's side stream on `device`: where captures go when the current stream is the
 //! legacy default stream, which cannot be captured.
-inline cudaStream_t side_stream(int device, const std::source_location& where) {
+inline cudaStream_t side_stream(int device, const tensorplay::source_location& where) {
   OwnedStream& slot = thread_streams().side[device];
   if (slot.get() == nullptr) {
     DeviceGuard guard(device, where);

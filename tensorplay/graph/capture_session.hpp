@@ -24,7 +24,6 @@
 #include <atomic>
 #include <cstddef>
 #include <memory>
-#include <source_location>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,7 +57,7 @@ class CaptureSession final : public CaptureOwner {
   //!         refused cudaStreamBeginCapture would invalidate the other capture), or `pool` is
   //!         busy with another capture; cuda_error when CUDA refuses.
   void begin(cudaStream_t stream, int device, cudaStreamCaptureMode mode, std::shared_ptr<PoolImpl> pool,
-             const std::source_location& where) {
+             const tensorplay::source_location& where) {
     if (is_capturing_or_false(stream))
       throw_usage("capture_begin: the stream is already being captured (nested captures need their own stream)");
     check(begin_capture(stream, mode), "cudaStreamBeginCapture", where);
@@ -90,7 +89,7 @@ class CaptureSession final : public CaptureOwner {
   //! allocated nothing and the graph had none).
   //! \throws usage_error with a body still open; cuda_error when CUDA invalidated the capture
   //!         (the capture is over either way).
-  std::pair<GraphHandle, std::shared_ptr<PoolImpl>> end(const std::source_location& where) {
+  std::pair<GraphHandle, std::shared_ptr<PoolImpl>> end(const tensorplay::source_location& where) {
     if (!bodies_.empty())
       throw_usage("capture_end: " + std::to_string(bodies_.size()) +
                   " conditional body(ies) still open; call end_capture_to_conditional_node first");
@@ -131,7 +130,7 @@ class CaptureSession final : public CaptureOwner {
   [[nodiscard]] CaptureContext& context() noexcept { return context_; }
 
   //! The stream of the body at nesting `depth` (made on first use, reused by later captures).
-  cudaStream_t body_stream(std::size_t depth, const std::source_location& where) {
+  cudaStream_t body_stream(std::size_t depth, const tensorplay::source_location& where) {
     while (body_streams_.size() <= depth) {
       DeviceGuard guard(device_, where);
       RelaxedCaptureMode relaxed;  // creating a stream must not disturb the capture

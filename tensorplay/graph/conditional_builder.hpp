@@ -22,12 +22,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
-#include <source_location>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -115,7 +114,7 @@ inline void require_multi_body_conditionals(int runtime_version, int driver_vers
                 std::to_string(runtime_version) + ", driver " + std::to_string(driver_version) + ")");
 }
 
-inline void require_multi_body_conditionals(const char* what, const std::source_location& where) {
+inline void require_multi_body_conditionals(const char* what, const tensorplay::source_location& where) {
   int runtime = 0;
   int driver = 0;
   TENSORPLAY_CHECK(cudaRuntimeGetVersion(&runtime), where);
@@ -128,7 +127,7 @@ inline void require_multi_body_conditionals(const char* what, const std::source_
 
 //! Checks that a one-element tensor lives on `device` (or is managed) and returns its address.
 template <ContiguousTensor T>
-const void* checked_scalar(const T& t, int device, const char* what, const char* role, const std::source_location& where) {
+const void* checked_scalar(const T& t, int device, const char* what, const char* role, const tensorplay::source_location& where) {
   if (tensor_size(t) != 1)
     throw_usage(std::string(what) + ": the " + role + " must have exactly one element; it has " +
                 std::to_string(tensor_size(t)));
@@ -152,7 +151,7 @@ const void* checked_scalar(const T& t, int device, const char* what, const char*
 //! Checks a predicate or index before anything is captured; returns what the set-handle kernel
 //! reads (null for a device callable: nothing to check at run time).
 template <class P>
-const void* checked_condition(const P& pred, int device, const char* what, const std::source_location& where) {
+const void* checked_condition(const P& pred, int device, const char* what, const tensorplay::source_location& where) {
   if constexpr (ScalarPredicate<P>) {
     if (!has_element_type(pred, DType::Bool))
       throw_usage(std::string(what) + ": the predicate's element type is " + element_name(pred) + "; it must be bool");
@@ -185,7 +184,7 @@ inline bool follows_one_kernel(cudaStream_t stream, int device) noexcept {
 //! Captures, on `stream`, the kernel that copies the predicate (or index) into `handle`.
 template <class P>
 void capture_set_handle(cudaStream_t stream, int device, cudaGraphConditionalHandle handle, const P& pred,
-                        const void* checked, const std::source_location& where) {
+                        const void* checked, const tensorplay::source_location& where) {
   const bool programmatic = follows_one_kernel(stream, device);
   if constexpr (ScalarPredicate<P> || IndexTensor<P>) {
     using Value = std::conditional_t<ScalarPredicate<P>, bool, element_t<P>>;
@@ -216,7 +215,7 @@ struct ConditionalNode {
 //! `type` with `size` bodies after it (conditional_builder.hpp's header says where each lives).
 template <class P>
 ConditionalNode add_conditional_node(CaptureSession& session, cudaGraphConditionalNodeType type, unsigned size,
-                                     const P& pred, const char* what, const std::source_location& where) {
+                                     const P& pred, const char* what, const tensorplay::source_location& where) {
   const void* checked = checked_condition(pred, session.device(), what, where);
   return session.abandon_on_throw([&] {
     const cudaStream_t parent = session.current();
@@ -254,7 +253,7 @@ ConditionalNode add_conditional_node(CaptureSession& session, cudaGraphCondition
 
 //! Starts capturing a body of a node: a capture of its own on the stream of the next depth.
 inline void open_body(CaptureSession& session, cudaGraph_t slot, cudaGraphConditionalHandle handle,
-                      const std::source_location& where) {
+                      const tensorplay::source_location& where) {
   session.abandon_on_throw([&] {
     const cudaStream_t stream = session.body_stream(session.depth(), where);
     check(begin_capture(stream, session.mode()), "cudaStreamBeginCapture (conditional body)", where);
@@ -274,7 +273,7 @@ inline void open_body(CaptureSession& session, cudaGraph_t slot, cudaGraphCondit
 }
 
 //! Copies one node of a closed body's capture into `to`; returns the copy.
-inline cudaGraphNode_t copy_node(cudaGraphNode_t node, cudaGraph_t to, const std::source_location& where) {
+inline cudaGraphNode_t copy_node(cudaGraphNode_t node, cudaGraph_t to, const tensorplay::source_location& where) {
   cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
   TENSORPLAY_CHECK(cudaGraphNodeGetType(node, &type), where);
   cudaGraphNode_t copy = nullptr;
@@ -310,7 +309,7 @@ inline cudaGraphNode_t copy_node(cudaGraphNode_t node, cudaGraph_t to, const std
     default:
       throw_usage("a conditional body may hold only kernels, memsets, memcpys, empty nodes, child graphs and "
                   "conditional nodes (CUDA's rule); this one captured a " +
-                  std::string(to_string(type)) + " node");
+                  std::string(tensorplay::to_string(type)) + " node");
   }
 }
 
@@ -318,16 +317,24 @@ inline cudaGraphNode_t copy_node(cudaGraphNode_t node, cudaGraph_t to, const std
 //! with their data (programmatic edges included). Empty nodes that stand for nested conditional
 //! nodes map to those nodes, which already live in `to`.
 inline void move_body(cudaGraph_t from, cudaGraph_t to, const std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>>& nested,
-                      const std::source_location& where) {
+                      const tensorplay::source_location& where) {
   std::size_t count = 0;
   TENSORPLAY_CHECK(cudaGraphGetNodes(from, nullptr, &count), where);
   std::vector<cudaGraphNode_t> nodes(count);
   if (count != 0) TENSORPLAY_CHECK(cudaGraphGetNodes(from, nodes.data(), &count), where);
-  std::unordered_map<cudaGraphNode_t, cudaGraphNode_t> copies;
+  // Original node -> its copy, sorted by original for binary search.
+  std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>> copies;
   copies.reserve(count);
-  for (auto [mark, node] : nested) copies.emplace(mark, node);
-  for (cudaGraphNode_t node : nodes)
-    if (!copies.contains(node)) copies.emplace(node, copy_node(node, to, where));
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNode_t copy = nullptr;
+    for (auto [mark, real] : nested)
+      if (mark == node) copy = real;
+    copies.emplace_back(node, copy != nullptr ? copy : copy_node(node, to, where));
+  }
+  std::sort(copies.begin(), copies.end());
+  auto copy_of = [&](cudaGraphNode_t node) {
+    return std::lower_bound(copies.begin(), copies.end(), std::pair(node, cudaGraphNode_t{}))->second;
+  };
   std::size_t edges = 0;
   TENSORPLAY_CHECK(get_edges(from, nullptr, nullptr, nullptr, &edges), where);
   if (edges == 0) return;
@@ -336,15 +343,15 @@ inline void move_body(cudaGraph_t from, cudaGraph_t to, const std::vector<std::p
   std::vector<cudaGraphEdgeData> data(edges);
   TENSORPLAY_CHECK(get_edges(from, tails.data(), heads.data(), data.data(), &edges), where);
   for (std::size_t i = 0; i < edges; ++i) {
-    tails[i] = copies.at(tails[i]);
-    heads[i] = copies.at(heads[i]);
+    tails[i] = copy_of(tails[i]);
+    heads[i] = copy_of(heads[i]);
   }
   TENSORPLAY_CHECK(add_dependencies(to, tails.data(), heads.data(), data.data(), edges), where);
 }
 
 //! Ends the innermost body's capture and moves its work into its node. On failure the whole
 //! capture is abandoned and the error propagates (cuda_error when CUDA invalidated it).
-inline void close_body(CaptureSession& session, const std::source_location& where) {
+inline void close_body(CaptureSession& session, const tensorplay::source_location& where) {
   GraphHandle captured;
   const BodyCapture body = [&] {
     const cudaError_t status = end_capture(session.bodies().back().stream, captured.out());

@@ -9,8 +9,9 @@
 
 #include <cstddef>
 #include <exception>
-#include <functional>
-#include <source_location>
+#include <memory>
+#include <type_traits>
+#include <utility>
 
 namespace tensorplay {
 
@@ -26,18 +27,17 @@ template <ConditionalKind K>
 class ConditionalScope {
  public:
   template <class P>
-  ConditionalScope(Graph& graph, const P& pred, std::source_location where = std::source_location::current())
+  ConditionalScope(Graph& graph, const P& pred, tensorplay::source_location where = tensorplay::source_location::current())
       : graph_(&graph), uncaught_(std::uncaught_exceptions()), where_(where) {
     static_assert(detail::check_predicate_type<P>());
     if constexpr (K == ConditionalKind::If) {
       graph.begin_capture_to_if_node(pred, where);
     } else {
       graph.begin_capture_to_while_node(pred, where);
-      if constexpr (ScalarPredicate<P>) {
-        refresh_ = [&graph, &pred, where] { graph.set_conditional_handle_for_current_node(pred, where); };
-      } else {
-        refresh_ = [&graph, pred, where] { graph.set_conditional_handle_for_current_node(pred, where); };
-      }
+      // A tensor predicate is read where it lives (it must outlive the scope); a callable is copied.
+      using Held = std::conditional_t<ScalarPredicate<P>, const P*, P>;
+      if constexpr (ScalarPredicate<P>) refresh_ = std::make_unique<Refresh<Held>>(&pred);
+      else refresh_ = std::make_unique<Refresh<Held>>(pred);
     }
     depth_ = graph.conditional_depth();
     stream_ = graph.capture_stream();
@@ -50,7 +50,7 @@ class ConditionalScope {
     try {
       if (graph_->conditional_depth() < depth_) return;  // closed already: the capture was abandoned
       while (graph_->conditional_depth() > depth_) graph_->end_capture_to_conditional_node(where_);  // left open inside
-      if (refresh_ && !unwinding) refresh_();
+      if (refresh_ && !unwinding) refresh_->run(*graph_, where_);
       graph_->end_capture_to_conditional_node(where_);
     } catch (...) {
       // A destructor must not throw. A body that cannot be closed has abandoned the capture;
@@ -65,10 +65,24 @@ class ConditionalScope {
  private:
   Graph* graph_;
   int uncaught_;
-  std::source_location where_;
+  tensorplay::source_location where_;
   std::size_t depth_ = 0;
   StreamRef stream_{};
-  std::function<void()> refresh_;
+  // What a WhileScope re-reads at the end of its body.
+  struct RefreshBase {
+    virtual ~RefreshBase() = default;
+    virtual void run(Graph& graph, const tensorplay::source_location& where) = 0;
+  };
+  template <class Held>
+  struct Refresh final : RefreshBase {
+    explicit Refresh(Held held) : pred(std::move(held)) {}
+    void run(Graph& graph, const tensorplay::source_location& where) override {
+      if constexpr (std::is_pointer_v<Held>) graph.set_conditional_handle_for_current_node(*pred, where);
+      else graph.set_conditional_handle_for_current_node(pred, where);
+    }
+    Held pred;
+  };
+  std::unique_ptr<RefreshBase> refresh_;
 };
 
 using IfScope = ConditionalScope<ConditionalKind::If>;

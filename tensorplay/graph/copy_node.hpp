@@ -26,7 +26,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
-#include <source_location>
 #include <vector>
 
 namespace tensorplay::detail {
@@ -107,7 +106,7 @@ class CopyNode {
 
   //! Adds a copy node to `graph`, in front of every root, and returns it. Call before compiling
   //! `graph`; then adopt() the node that the executable will use.
-  [[nodiscard]] cudaGraphNode_t add_to(cudaGraph_t graph, int device, const std::source_location& where) {
+  [[nodiscard]] cudaGraphNode_t add_to(cudaGraph_t graph, int device, const tensorplay::source_location& where) {
     const KernelLibrary& library = KernelLibrary::on(device, where);
     DeviceGuard guard(device, where);  // cudaGraphAddKernelNode uses the current device
     int sms = 1;
@@ -137,7 +136,7 @@ class CopyNode {
   }
 
   //! Points the node of `exec` at `batch` (and enables it).
-  void set(cudaGraphExec_t exec, CopyBatch& batch, const std::source_location& where) {
+  void set(cudaGraphExec_t exec, CopyBatch& batch, const tensorplay::source_location& where) {
     const KernelLibrary& library = KernelLibrary::on(device_, where);
     const cudaKernelNodeParams params = params_for(library, batch);
     if (!enabled_) {
@@ -149,13 +148,13 @@ class CopyNode {
   }
 
   //! Before a plain replay: the node must not copy again what the last call staged.
-  void disable(cudaGraphExec_t exec, const std::source_location& where) {
+  void disable(cudaGraphExec_t exec, const tensorplay::source_location& where) {
     check(exec_set_node_enabled(exec, node_, false), "cudaGraphNodeSetEnabled (stage_and_launch copy node)", where);
     enabled_ = false;
   }
 
   //! A batch larger than one table: copies it with a plain launch (the node takes the rest).
-  void launch_now(CopyBatch& batch, cudaStream_t stream, const std::source_location& where) const {
+  void launch_now(CopyBatch& batch, cudaStream_t stream, const tensorplay::source_location& where) const {
     const KernelLibrary& library = KernelLibrary::on(device_, where);
     void* args[] = {batch.parameters()};
     launch(reinterpret_cast<const void*>(library.copy(batch.log2_capacity())), dim3(batch.blocks(max_blocks_)),

@@ -12,13 +12,12 @@
 #include <cuda_runtime_api.h>
 
 #include <optional>
-#include <source_location>
 #include <string>
 #include <string_view>
 
 namespace tensorplay::detail {
 
-[[nodiscard]] constexpr std::string_view to_string(cudaGraphInstantiateResult result) noexcept {
+[[nodiscard]] constexpr std::string_view instantiate_result_name(cudaGraphInstantiateResult result) noexcept {
   switch (result) {
     case cudaGraphInstantiateSuccess: return "success";
     case cudaGraphInstantiateError: return "error";
@@ -48,7 +47,7 @@ class Executable {
   //! Compiles `graph`; with `upload_stream`, also uploads it there. Replaces any executable
   //! held (destroyed first: CUDA allows a graph with conditional nodes one executable at a time).
   //! \throws cuda_error naming CUDA's instantiation result and the failing node's type.
-  void instantiate(cudaGraph_t graph, std::optional<cudaStream_t> upload_stream, const std::source_location& where) {
+  void instantiate(cudaGraph_t graph, std::optional<cudaStream_t> upload_stream, const tensorplay::source_location& where) {
     exec_.reset();
     cudaGraphInstantiateParams params{};
     params.flags = cudaGraphInstantiateFlagAutoFreeOnLaunch;
@@ -64,7 +63,7 @@ class Executable {
     if (status != cudaSuccess) {
       if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
       std::string call = "cudaGraphInstantiateWithParams (result: ";
-      call += to_string(params.result_out);
+      call += instantiate_result_name(params.result_out);
       if (auto type = node_type_of(params.errNode_out)) {
         call += ", at a ";
         call += tensorplay::to_string(*type);
@@ -79,7 +78,7 @@ class Executable {
   //! Patches the executable to run `graph`, which must have the same topology. Returns false,
   //! with CUDA's reason in `result`, when CUDA refuses; the executable is then unchanged.
   //! \throws cuda_error for failures other than a refusal.
-  bool try_update(cudaGraph_t graph, UpdateResult& result, const std::source_location& where) {
+  bool try_update(cudaGraph_t graph, UpdateResult& result, const tensorplay::source_location& where) {
     cudaGraphExecUpdateResultInfo info{};
     RelaxedCaptureMode relaxed;  // as for instantiate
     const cudaError_t status = exec_update(exec_.get(), graph, &info);

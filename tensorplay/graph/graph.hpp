@@ -29,11 +29,10 @@
 
 #include <array>
 #include <cstddef>
+#include <concepts>
 #include <exception>
-#include <filesystem>
 #include <memory>
 #include <optional>
-#include <source_location>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -49,6 +48,18 @@ class ConditionalScope;
 
 namespace detail {
 struct GraphAccess;
+
+//! A file path: std::filesystem::path (native char), std::string, or a C string.
+template <class P>
+concept PathLike = std::convertible_to<const P&, const char*> || requires(const P& p) {
+  { p.c_str() } -> std::convertible_to<const char*>;
+};
+
+template <PathLike P>
+const char* path_c_str(const P& path) noexcept {
+  if constexpr (std::convertible_to<const P&, const char*>) return path;
+  else return path.c_str();
+}
 }  // namespace detail
 
 //! A CUDA graph: capture work issued to a stream, compile it when capture ends, replay it.
@@ -77,7 +88,7 @@ class Graph {
   //! \throws usage_error when a capture is open, the graph already holds one (reset() first),
   //!         the stream is already capturing, or the pool cannot be used. Nothing is left
   //!         capturing then, and another capture on the stream is left alone.
-  void capture_begin(const CaptureOptions& options = {}, std::source_location where = std::source_location::current()) {
+  void capture_begin(const CaptureOptions& options = {}, tensorplay::source_location where = tensorplay::source_location::current()) {
     if (is_capturing()) detail::throw_usage("capture_begin: this graph is already capturing; call capture_end first");
     if (graph_)
       detail::throw_usage("capture_begin: this graph already holds a captured graph; call reset() before capturing again "
@@ -89,7 +100,7 @@ class Graph {
   //! \throws usage_error without an open capture or with a conditional body still open;
   //!         cuda_error (with CUDA's status) when the capture was invalidated: the graph and
   //!         the stream are usable afterwards and the graph can capture again.
-  void capture_end(std::source_location where = std::source_location::current()) {
+  void capture_end(tensorplay::source_location where = tensorplay::source_location::current()) {
     end_without_compiling(where);
     compile(where);
   }
@@ -97,7 +108,7 @@ class Graph {
   //! capture_begin, then body(capture stream) or body(), then capture_end. If the body throws,
   //! the capture is abandoned (no stream is left capturing) and the exception propagates.
   template <class F>
-  void capture(F&& body, const CaptureOptions& options = {}, std::source_location where = std::source_location::current()) {
+  void capture(F&& body, const CaptureOptions& options = {}, tensorplay::source_location where = tensorplay::source_location::current()) {
     capture_begin(options, where);
     run_body(body);
     capture_end(where);
@@ -115,7 +126,7 @@ class Graph {
   //!         If the body throws, or CUDA invalidates the new capture, the exception propagates
   //!         and the graph still replays its old work.
   template <class F>
-  UpdateResult update(F&& body, const CaptureOptions& options = {}, std::source_location where = std::source_location::current()) {
+  UpdateResult update(F&& body, const CaptureOptions& options = {}, tensorplay::source_location where = tensorplay::source_location::current()) {
     if (is_capturing()) detail::throw_usage("update: a capture is open on this graph; call capture_end first");
     if (!graph_) detail::throw_usage("update: nothing has been captured yet; capture the graph first");
     if (options.pool && !(*options.pool == pool_))
@@ -129,7 +140,7 @@ class Graph {
   }
 
   //! Compiles the executable if that has not happened (capture_end does it): otherwise a no-op.
-  void instantiate(std::source_location where = std::source_location::current()) {
+  void instantiate(tensorplay::source_location where = tensorplay::source_location::current()) {
     if (exec_) return;
     if (!graph_) detail::throw_usage("instantiate: nothing has been captured yet");
     compile(where);
@@ -138,7 +149,7 @@ class Graph {
   // ---- replay ---------------------------------------------------------------------------
 
   //! Launches the graph on this thread's current stream of the graph's device.
-  void replay(std::source_location where = std::source_location::current()) {
+  void replay(tensorplay::source_location where = tensorplay::source_location::current()) {
     require_executable("replay", where);
     on_current_stream([&](cudaStream_t stream) { replay(StreamRef(stream), where); }, where);
   }
@@ -147,7 +158,7 @@ class Graph {
   //! cudaGraphLaunch costs. While `stream` is being captured (by another Graph or by raw CUDA
   //! calls), the graph is added to that capture as a child-graph node instead, and the outer
   //! graph keeps what this one needs (its pool, its retained objects) for as long as it lives.
-  void replay(StreamRef stream, std::source_location where = std::source_location::current()) {
+  void replay(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) {
     require_executable("replay", where);
     if (detail::is_capturing_or_false(stream.get())) [[unlikely]]
       return add_to_capture(stream.get(), where);
@@ -179,12 +190,12 @@ class Graph {
   //!     graph.retain(std::shared_ptr<Communicator>(comm));   // a shared object
   //!     graph.retain(std::move(workspace));                   // any move-only object
   template <class T>
-  void retain(std::shared_ptr<T> object, std::source_location where = std::source_location::current()) {
+  void retain(std::shared_ptr<T> object, tensorplay::source_location where = tensorplay::source_location::current()) {
     retained_.add(std::move(object), graph_.get(), where);
   }
   template <class T>
     requires(!std::is_lvalue_reference_v<T>)
-  void retain(T&& object, std::source_location where = std::source_location::current()) {
+  void retain(T&& object, tensorplay::source_location where = tensorplay::source_location::current()) {
     retained_.add(std::forward<T>(object), graph_.get(), where);
   }
 
@@ -205,15 +216,18 @@ class Graph {
   //! Writes the captured graph as a DOT file: node types, kernel and conditional parameters
   //! (every attribute after enable_debug_mode). After the first stage_and_launch the graph
   //! begins with the copy node.
+  //! `path`: a std::filesystem::path, a std::string or a C string (a template, so that this
+  //! header does not pay for <filesystem>).
   //! \throws usage_error before any capture has ended.
-  void debug_dump(const std::filesystem::path& path, std::source_location where = std::source_location::current()) const {
+  template <detail::PathLike Path>
+  void debug_dump(const Path& path, tensorplay::source_location where = tensorplay::source_location::current()) const {
     debug_dump(path, debug_ ? DotFlags::Verbose : DotFlags::KernelParams | DotFlags::ConditionalParams, where);
   }
   //! Writes the captured graph as a DOT file with the given details.
-  void debug_dump(const std::filesystem::path& path, DotFlags flags,
-                  std::source_location where = std::source_location::current()) const {
+  template <detail::PathLike Path>
+  void debug_dump(const Path& path, DotFlags flags, tensorplay::source_location where = tensorplay::source_location::current()) const {
     if (!graph_) detail::throw_usage("debug_dump: no capture has ended yet, so there is no graph to dump");
-    TENSORPLAY_CHECK(cudaGraphDebugDotPrint(graph_.get(), path.c_str(), detail::to_cuda(flags)), where);
+    TENSORPLAY_CHECK(cudaGraphDebugDotPrint(graph_.get(), detail::path_c_str(path), detail::to_cuda(flags)), where);
   }
 
   //! Where work is captured right now: the innermost open conditional body, else the capture
@@ -230,7 +244,7 @@ class Graph {
   [[nodiscard]] std::size_t conditional_depth() const noexcept { return is_capturing() ? session_->depth() : 0; }
 
   //! Number of top-level nodes of the captured graph (the copy node included, once staged).
-  [[nodiscard]] std::size_t node_count(std::source_location where = std::source_location::current()) const {
+  [[nodiscard]] std::size_t node_count(tensorplay::source_location where = tensorplay::source_location::current()) const {
     if (!graph_) detail::throw_usage("node_count: no capture has ended yet");
     std::size_t count = 0;
     TENSORPLAY_CHECK(cudaGraphGetNodes(graph_.get(), nullptr, &count), where);
@@ -246,7 +260,7 @@ class Graph {
   //! Opens the body of an if node: captured work up to end_capture_to_conditional_node runs,
   //! at replay, only when `pred` is true at that point of the graph.
   template <class P>
-  void begin_capture_to_if_node(const P& pred, std::source_location where = std::source_location::current()) {
+  void begin_capture_to_if_node(const P& pred, tensorplay::source_location where = tensorplay::source_location::current()) {
     static_assert(detail::check_predicate_type<P>());
     open_conditional(cudaGraphCondTypeIf, pred, "begin_capture_to_if_node", where);
   }
@@ -254,7 +268,7 @@ class Graph {
   //! Opens the body of a while node: it runs while `pred` is true. Refresh the handle at the
   //! end of the body with set_conditional_handle_for_current_node (while_ does that for you).
   template <class P>
-  void begin_capture_to_while_node(const P& pred, std::source_location where = std::source_location::current()) {
+  void begin_capture_to_while_node(const P& pred, tensorplay::source_location where = tensorplay::source_location::current()) {
     static_assert(detail::check_predicate_type<P>());
     open_conditional(cudaGraphCondTypeWhile, pred, "begin_capture_to_while_node", where);
   }
@@ -262,7 +276,7 @@ class Graph {
   //! Captures, at this point of the innermost body, a kernel that copies `pred` into that
   //! body's conditional handle.
   template <class P>
-  void set_conditional_handle_for_current_node(const P& pred, std::source_location where = std::source_location::current()) {
+  void set_conditional_handle_for_current_node(const P& pred, tensorplay::source_location where = tensorplay::source_location::current()) {
     static_assert(detail::check_predicate_type<P>());
     constexpr const char* what = "set_conditional_handle_for_current_node";
     require_open_body(what, where);
@@ -273,7 +287,7 @@ class Graph {
   }
 
   //! Closes the innermost conditional body; capture continues on its parent stream.
-  void end_capture_to_conditional_node(std::source_location where = std::source_location::current()) {
+  void end_capture_to_conditional_node(tensorplay::source_location where = tensorplay::source_location::current()) {
     require_open_body("end_capture_to_conditional_node", where);
     detail::close_body(*session_, where);
   }
@@ -282,7 +296,7 @@ class Graph {
 
   //! `body` runs at replay only when `pred` is true. body(StreamRef) or body().
   template <class P, class F>
-  void if_(const P& pred, F&& body, std::source_location where = std::source_location::current()) {
+  void if_(const P& pred, F&& body, tensorplay::source_location where = tensorplay::source_location::current()) {
     static_assert(detail::check_predicate_type<P>());
     begin_capture_to_if_node(pred, where);
     run_body(body);
@@ -291,7 +305,7 @@ class Graph {
 
   //! `body` runs while `pred` is true; `pred` is re-read after every iteration.
   template <class P, class F>
-  void while_(const P& pred, F&& body, std::source_location where = std::source_location::current()) {
+  void while_(const P& pred, F&& body, tensorplay::source_location where = tensorplay::source_location::current()) {
     static_assert(detail::check_predicate_type<P>());
     begin_capture_to_while_node(pred, where);
     run_body(body);
@@ -301,7 +315,7 @@ class Graph {
 
   //! `then_body` when `pred` is true, else `else_body`. Needs CUDA 12.8.
   template <class P, class F, class G>
-  void if_else_(const P& pred, F&& then_body, G&& else_body, std::source_location where = std::source_location::current()) {
+  void if_else_(const P& pred, F&& then_body, G&& else_body, tensorplay::source_location where = tensorplay::source_location::current()) {
     static_assert(detail::check_predicate_type<P>());
     constexpr const char* what = "if_else_";
     require_open_capture(what, where);
@@ -317,7 +331,7 @@ class Graph {
   void switch_(const Index& index, Fs&&... bodies) {
     static_assert(detail::check_index_type<Index>());
     static_assert(sizeof...(Fs) > 0, "switch_: give at least one body");
-    const auto where = std::source_location::current();
+    const auto where = tensorplay::source_location::current();
     constexpr const char* what = "switch_";
     require_open_capture(what, where);
     detail::require_multi_body_conditionals(what, where);
@@ -341,7 +355,7 @@ class Graph {
   //! stage_and_launch of one graph must not run concurrently.
   template <class... S, class... I>
   void stage_and_launch(std::tuple<S&...> static_inputs, std::tuple<I&...> inputs, StreamRef stream,
-                        std::source_location where = std::source_location::current()) {
+                        tensorplay::source_location where = tensorplay::source_location::current()) {
     static_assert(sizeof...(S) == sizeof...(I),
                   "stage_and_launch: static_inputs and inputs must have the same number of elements");
     if constexpr (sizeof...(S) == sizeof...(I)) {
@@ -392,7 +406,7 @@ class Graph {
   //! stage_and_launch on this thread's current stream of the graph's device (like replay()).
   template <class... S, class... I>
   void stage_and_launch(std::tuple<S&...> static_inputs, std::tuple<I&...> inputs,
-                        std::source_location where = std::source_location::current()) {
+                        tensorplay::source_location where = tensorplay::source_location::current()) {
     require_executable("stage_and_launch", where);
     on_current_stream([&](cudaStream_t stream) { stage_and_launch(static_inputs, inputs, StreamRef(stream), where); },
                       where);
@@ -405,7 +419,7 @@ class Graph {
 
   // capture_end without compiling (instantiate() compiles later): for captures that must all
   // end before any is compiled (DeviceGroupGraph), or whose graphs share one executable.
-  void end_without_compiling(const std::source_location& where) {
+  void end_without_compiling(const tensorplay::source_location& where) {
     if (deferred_error_) std::rethrow_exception(std::exchange(deferred_error_, nullptr));
     require_open_capture("capture_end", where);
     graph_ = end_session(where);
@@ -422,7 +436,7 @@ class Graph {
 
   // ---- capture internals ----------------------------------------------------------------
 
-  void begin_session(const CaptureOptions& options, std::shared_ptr<detail::PoolImpl> pool, const std::source_location& where) {
+  void begin_session(const CaptureOptions& options, std::shared_ptr<detail::PoolImpl> pool, const tensorplay::source_location& where) {
     int device = 0;
     cudaStream_t stream = nullptr;
     if (options.stream) {
@@ -452,7 +466,7 @@ class Graph {
 
   // Ends the open session; returns the captured graph. On failure the graph's state is as before
   // the capture began (a first capture: no pool, no device).
-  detail::GraphHandle end_session(const std::source_location& where) {
+  detail::GraphHandle end_session(const tensorplay::source_location& where) {
     std::pair<detail::GraphHandle, std::shared_ptr<detail::PoolImpl>> ended;
     try {
       ended = session_->end(where);
@@ -466,14 +480,14 @@ class Graph {
     return std::move(ended.first);
   }
 
-  void compile(const std::source_location& where) {
+  void compile(const tensorplay::source_location& where) {
     std::optional<cudaStream_t> upload;
     if (options_.upload) upload = session_ ? session_->origin() : nullptr;
     exec_.instantiate(graph_.get(), upload, where);
   }
 
   // update(): the new version replaces the old one in the executable.
-  UpdateResult replace(detail::GraphHandle graph, const std::source_location& where) {
+  UpdateResult replace(detail::GraphHandle graph, const tensorplay::source_location& where) {
     retained_.retain_on(graph.get(), where);
     cudaGraphNode_t copy = nullptr;
     if (staging_) copy = staging_->node.add_to(graph.get(), device_, where);
@@ -502,14 +516,14 @@ class Graph {
   // A conditional node with `size` bodies at the current point of the capture.
   template <class P>
   detail::ConditionalNode add_conditional(cudaGraphConditionalNodeType type, unsigned size, const P& pred,
-                                          const char* what, const std::source_location& where) {
+                                          const char* what, const tensorplay::source_location& where) {
     const detail::ConditionalNode node = detail::add_conditional_node(*session_, type, size, pred, what, where);
     capturing_conditionals_ = true;
     return node;
   }
 
   template <class P>
-  void open_conditional(cudaGraphConditionalNodeType type, const P& pred, const char* what, const std::source_location& where) {
+  void open_conditional(cudaGraphConditionalNodeType type, const P& pred, const char* what, const tensorplay::source_location& where) {
     require_open_capture(what, where);
     const detail::ConditionalNode node = add_conditional(type, 1, pred, what, where);
     detail::open_body(*session_, node.bodies[0], node.handle, where);
@@ -517,13 +531,13 @@ class Graph {
 
   // Captures `body` into one body of a conditional node (if_else_, switch_).
   template <class F>
-  void capture_body(cudaGraph_t slot, cudaGraphConditionalHandle handle, F& body, const std::source_location& where) {
+  void capture_body(cudaGraph_t slot, cudaGraphConditionalHandle handle, F& body, const tensorplay::source_location& where) {
     detail::open_body(*session_, slot, handle, where);
     run_body(body);
     detail::close_body(*session_, where);
   }
 
-  void require_open_capture(const char* what, const std::source_location&) const {
+  void require_open_capture(const char* what, const tensorplay::source_location&) const {
     if (is_capturing()) return;
     if (session_ && session_->how_ended() == detail::CaptureEnd::StreamDestroyed)
       detail::throw_usage(std::string(what) + ": the capture was abandoned because its stream was destroyed; capture again");
@@ -531,11 +545,11 @@ class Graph {
       detail::throw_usage(std::string(what) + ": the capture was abandoned after an error inside it; capture again");
     detail::throw_usage(std::string(what) + ": no capture is open on this graph (call capture_begin first)");
   }
-  void require_open_body(const char* what, const std::source_location& where) const {
+  void require_open_body(const char* what, const tensorplay::source_location& where) const {
     require_open_capture(what, where);
     if (session_->depth() == 0) detail::throw_usage(std::string(what) + ": no conditional body is open");
   }
-  void require_executable(const char* what, const std::source_location&) const {
+  void require_executable(const char* what, const tensorplay::source_location&) const {
     if (!exec_) [[unlikely]] {
       if (is_capturing()) detail::throw_usage(std::string(what) + ": the graph is still capturing; call capture_end first");
       if (graph_) detail::throw_usage(std::string(what) + ": the graph has no executable (its instantiation failed); "
@@ -547,7 +561,7 @@ class Graph {
   // Calls f(stream) with this thread's current stream of the graph's device. The legacy default
   // stream (null) belongs to whatever device is current: the graph's device is made current for it.
   template <class F>
-  void on_current_stream(F&& f, const std::source_location& where) const {
+  void on_current_stream(F&& f, const tensorplay::source_location& where) const {
     const cudaStream_t stream = current_stream(device_);
     if (stream == nullptr) {
       detail::DeviceGuard guard(device_, where);
@@ -559,7 +573,7 @@ class Graph {
 
   // replay(stream) while `stream` captures: a child-graph node in that capture, which keeps this
   // graph's pool and retained objects alive for as long as the outer graph lives.
-  void add_to_capture(cudaStream_t stream, const std::source_location& where) {
+  void add_to_capture(cudaStream_t stream, const tensorplay::source_location& where) {
     if (has_conditionals_)
       detail::throw_usage("replay: the stream is being captured, and this graph holds conditional nodes, which CUDA "
                           "does not allow in a child graph; replay it outside the capture, or capture its work "
@@ -585,7 +599,7 @@ class Graph {
 
   // The copy node, made on the first stage_and_launch that batches: added to the graph, which
   // is compiled again with it (CUDA allows a graph with conditional nodes one executable).
-  Staging& prepare_staging(const std::source_location& where) {
+  Staging& prepare_staging(const tensorplay::source_location& where) {
     if (staging_) return *staging_;
     auto staging = std::make_unique<Staging>();
     staging->node.adopt(staging->node.add_to(graph_.get(), device_, where));
@@ -596,7 +610,7 @@ class Graph {
 
   template <std::size_t N, class StaticTuple, class InputTuple>
   void issue_unbatched(const std::array<detail::StagePlan, N>& plans, const StaticTuple& statics, const InputTuple& inputs,
-                       StreamRef stream, const std::source_location& where) {
+                       StreamRef stream, const tensorplay::source_location& where) {
     [&]<std::size_t... k>(std::index_sequence<k...>) {
       (detail::issue_unbatched(plans[k], std::get<k>(statics), std::get<k>(inputs), device_, stream.get(), where), ...);
     }(std::make_index_sequence<N>{});
@@ -628,7 +642,7 @@ namespace detail {
 //! public API.
 struct GraphAccess {
   //! Ends the capture without compiling; Graph::instantiate() compiles later.
-  static void end_capture_only(Graph& graph, const std::source_location& where) { graph.end_without_compiling(where); }
+  static void end_capture_only(Graph& graph, const tensorplay::source_location& where) { graph.end_without_compiling(where); }
   //! The Graph's pool object (its implementation), to keep alive beside its executables.
   static const std::shared_ptr<PoolImpl>& pool_impl(const Graph& graph) noexcept { return graph.pool_.impl(); }
 };

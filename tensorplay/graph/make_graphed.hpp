@@ -7,9 +7,7 @@
 #include <tensorplay/stream.hpp>
 #include <tensorplay/version.hpp>
 
-#include <functional>
 #include <optional>
-#include <source_location>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -74,17 +72,17 @@ Graphed<Output, S...> make_graphed_impl(MakeGraphedOptions options, F& body, S&.
   {
     Stream side;
     StreamGuard guard(side);
-    for (int i = 0; i < options.warmup_runs; ++i) (void)std::invoke(body, statics...);
+    for (int i = 0; i < options.warmup_runs; ++i) (void)body(statics...);
     side.synchronize();
   }
   Graphed<Output, S...> graphed(std::move(options.graph), statics...);
   graphed.graph_.capture([&] {
     if constexpr (std::is_void_v<Output>) {
-      std::invoke(body, statics...);
+      body(statics...);
     } else if constexpr (std::is_reference_v<Output>) {
-      graphed.output_.emplace(&std::invoke(body, statics...));
+      graphed.output_.emplace(&body(statics...));
     } else {
-      graphed.output_.emplace(std::invoke(body, statics...));
+      graphed.output_.emplace(body(statics...));
     }
   });
   return graphed;

@@ -14,7 +14,6 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
-#include <source_location>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -25,20 +24,20 @@ class RetainedObjects {
  public:
   //! Takes `object` (moved), and retains it on `graph` too when there is one.
   template <class T>
-  void add(T&& object, cudaGraph_t graph, const std::source_location& where) {
+  void add(T&& object, cudaGraph_t graph, const tensorplay::source_location& where) {
     UserObjectRef ref = make(std::forward<T>(object), where);
     if (graph != nullptr) TENSORPLAY_CHECK(cudaGraphRetainUserObject(graph, ref.get(), 1, 0), where);
     objects_.push_back(std::move(ref));
   }
 
   //! Retains every object on `graph` (a new capture of the same Graph, or an outer graph).
-  void retain_on(cudaGraph_t graph, const std::source_location& where) const {
+  void retain_on(cudaGraph_t graph, const tensorplay::source_location& where) const {
     for (const UserObjectRef& ref : objects_) TENSORPLAY_CHECK(cudaGraphRetainUserObject(graph, ref.get(), 1, 0), where);
   }
 
   //! Retains a copy of `value` on `graph` only (the graph gets the one reference).
   template <class T>
-  static void retain_copy(const T& value, cudaGraph_t graph, const std::source_location& where) {
+  static void retain_copy(const T& value, cudaGraph_t graph, const tensorplay::source_location& where) {
     UserObjectRef ref = make(T(value), where);
     TENSORPLAY_CHECK(cudaGraphRetainUserObject(graph, ref.get(), 1, cudaGraphUserObjectMove), where);
     (void)ref.release();  // moved into the graph
@@ -50,7 +49,7 @@ class RetainedObjects {
 
  private:
   template <class T>
-  static UserObjectRef make(T&& object, const std::source_location& where) {
+  static UserObjectRef make(T&& object, const tensorplay::source_location& where) {
     using Value = std::remove_cvref_t<T>;
     auto box = std::make_unique<RetainedValue<Value>>(std::forward<T>(object));
     cudaUserObject_t handle = nullptr;

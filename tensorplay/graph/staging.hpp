@@ -25,7 +25,6 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <source_location>
 #include <string>
 #include <type_traits>
 
@@ -38,7 +37,7 @@ struct Placement {
 };
 
 template <Tensor T>
-Placement placement_of(const T& t, const std::source_location& where) {
+Placement placement_of(const T& t, const tensorplay::source_location& where) {
   if constexpr (KnowsDevice<T>) {
     return {Placement::Device, traits_of<T>::device(t)};
   } else {
@@ -101,7 +100,7 @@ inline std::string pair_name(std::size_t index) { return "stage_and_launch: pair
 
 //! Checks one pair and decides how to move it. Throws usage_error; issues nothing.
 template <class S, class I>
-StagePlan plan_pair(std::size_t index, const S& dst, const I& src, int device, const std::source_location& where) {
+StagePlan plan_pair(std::size_t index, const S& dst, const I& src, int device, const tensorplay::source_location& where) {
   using To = element_t<S>;
   using From = element_t<I>;
   const std::size_t n = tensor_size(dst);
@@ -199,7 +198,7 @@ void check_overlaps(const std::array<ByteRange, N>& statics, const std::array<By
 //! Launches the gather/convert kernel: dst[i] = To(src element i), src described by `layout`.
 inline void launch_gather(const void* src, kernels::ElementCode from, void* dst, kernels::ElementCode to, std::size_t n,
                           std::size_t element_bytes, const kernels::StridedLayout& layout, int device, cudaStream_t stream,
-                          const std::source_location& where) {
+                          const tensorplay::source_location& where) {
   const KernelLibrary& library = KernelLibrary::on(device, where);
   const auto blocks = static_cast<unsigned>(n / 256 + 1 < 4096 ? n / 256 + 1 : 4096);
   int from_code = static_cast<int>(from);
@@ -233,7 +232,7 @@ kernels::StridedLayout layout_of(const T& t) {
 //! Issues a pair that is not batched on `stream` (asynchronously, in stream order).
 template <class S, class I>
 void issue_unbatched(const StagePlan& plan, const S& dst, const I& src, int device, cudaStream_t stream,
-                     const std::source_location& where) {
+                     const tensorplay::source_location& where) {
   using To = element_t<S>;
   using From = element_t<I>;
   constexpr auto to_code = element_code<To>();
