@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <random>
 #include <span>
 #include <string>
@@ -193,7 +194,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   int steps = 10000;
   unsigned seed = 1;
   for (int i = 1; i < argc; ++i) {
@@ -278,4 +279,7 @@ int main(int argc, char** argv) {
   }
   std::puts("every step matches the eager run");
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "decode_buckets: %s\n", e.what());
+  return 2;
 }
