@@ -122,10 +122,10 @@ void run_cost(benchmark::State& state) {
   int turn = 0;
   bench::compare_submit(state, batch,
                         {{"replay", [&] { f.bare.replay(stream); }},
-                         {"run", [&] { f.separate.run(100, stream); }},
-                         {"run_shared_same_bucket", [&] { f.shared.run(100, stream); }},
-                         {"alternate_separate", [&] { f.separate.run(++turn % 2 ? 100 : 200, stream); }},
-                         {"alternate_shared", [&] { f.shared.run(++turn % 2 ? 100 : 200, stream); }}});
+                         {"run", [&] { f.separate.run(120, stream); }},
+                         {"run_shared_same_bucket", [&] { f.shared.run(120, stream); }},
+                         {"alternate_separate", [&] { f.separate.run(++turn % 2 ? 120 : 250, stream); }},
+                         {"alternate_shared", [&] { f.shared.run(++turn % 2 ? 120 : 250, stream); }}});
 }
 
 // 10,000 steps of random batch sizes, launch to completion: eager against the buckets.

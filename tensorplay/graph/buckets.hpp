@@ -73,7 +73,8 @@ enum class Overflow {
 
 //! How a GraphBuckets captures and keeps its buckets.
 struct BucketOptions {
-  //! Empty: one new pool, shared by every bucket.
+  //! Empty: one new pool, shared by every bucket. A pool given here may be shared with other
+  //! graphs (another ladder, say): their runs and these must then be ordered too.
   Pool pool = {};
   //! Capture a bucket on its first run; false: capture every bucket, largest first, when the
   //! GraphBuckets is constructed (on the current stream).
@@ -161,7 +162,7 @@ void stage_by_copies(const std::tuple<S...>& statics, const std::tuple<I&...>& i
 //! The body is called as body(StreamRef stream, std::size_t size), or, to make each bucket a
 //! PiecewiseGraph (captured segments with eager steps between them), as
 //! body(PiecewiseGraph& pieces, std::size_t size), calling pieces.capture and pieces.eager; the
-//! current stream is then the run's stream.
+//! current stream is then the run's stream. (A body callable both ways is taken as piecewise.)
 //!
 //! Outputs of a run are valid until the next run of any bucket: see the header comment for
 //! why, and keep inputs and outputs that must outlive a run in buffers of your own, sized for
@@ -485,15 +486,17 @@ class GraphBuckets {
   // after checking that the buffer holds that many per sample of `rows` (the bucket run).
   template <class S>
   static auto staged_front(std::size_t index, const S& buffer, std::size_t input_size, std::size_t n, std::size_t rows) {
-    const std::string pair = "GraphBuckets::run: pair " + std::to_string(index);
-    if (input_size % n != 0)
-      detail::throw_usage(pair + ": the input has " + std::to_string(input_size) + " elements, not a multiple of the batch of " +
-                          std::to_string(n));
-    const std::size_t needed = input_size / n * rows;
-    if (tensor_size(buffer) < needed)
-      detail::throw_usage(pair + ": the static buffer has " + std::to_string(tensor_size(buffer)) + " elements; a bucket of " +
-                          std::to_string(rows) + " needs " + std::to_string(needed) + " (" + std::to_string(input_size / n) +
-                          " per sample)");
+    const std::size_t per_sample = input_size / n;
+    if (per_sample * n != input_size || tensor_size(buffer) < per_sample * rows) [[unlikely]] {
+      std::string text = "GraphBuckets::run: pair " + std::to_string(index) + ": ";
+      if (per_sample * n != input_size)
+        text += "the input has " + std::to_string(input_size) + " elements, not a multiple of the batch of " + std::to_string(n);
+      else
+        text += "the static buffer has " + std::to_string(tensor_size(buffer)) + " elements; a bucket of " +
+                std::to_string(rows) + " needs " + std::to_string(per_sample * rows) + " (" + std::to_string(per_sample) +
+                " per sample)";
+      detail::throw_usage(std::move(text));
+    }
     return detail::front_of(buffer, input_size);
   }
 
