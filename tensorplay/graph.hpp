@@ -12,6 +12,8 @@
 // graph/graph.hpp    Graph: capture, replay, update, retain, conditional nodes, stage_and_launch
 // graph/conditional_scope.hpp   ConditionalScope, IfScope, WhileScope
 // graph/make_graphed.hpp        make_graphed
+// graph/piecewise.hpp           PiecewiseGraph: captured segments with eager steps between them
+// graph/buckets.hpp             GraphBuckets, BucketOptions, Overflow: one capture per batch size
 //
 // Not included here (each needs a library of its own): <tensorplay/thrust.hpp> (PoolAllocator),
 // <tensorplay/cublas.hpp>, <tensorplay/nccl.hpp>.
@@ -26,10 +28,12 @@
 #include <tensorplay/config.hpp>
 #include <tensorplay/device_tensor.hpp>
 #include <tensorplay/error.hpp>
+#include <tensorplay/graph/buckets.hpp>
 #include <tensorplay/graph/conditional_scope.hpp>
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/graph/make_graphed.hpp>
 #include <tensorplay/graph/options.hpp>
+#include <tensorplay/graph/piecewise.hpp>
 #include <tensorplay/pool.hpp>
 #include <tensorplay/stream.hpp>
 #include <tensorplay/tensor.hpp>

@@ -1,0 +1,461 @@
+// Tests for tensorplay/graph/buckets.hpp: GraphBuckets, BucketOptions, Overflow.
+//
+// Most cases share one step: y = 2 * x + size over the first size * width elements of user
+// buffers sized for the largest bucket, through temporaries from the buckets' pool. The "+ size"
+// says which bucket ran, and small integer inputs keep every float exact.
+#include "support.hpp"
+
+#include <tensorplay/graph.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <numeric>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <vector>
+
+namespace tp = tensorplay;
+
+namespace {
+
+using Ladder = std::vector<std::size_t>;
+const Ladder small_ladder{1, 2, 4, 8};
+
+// A body that must never run (the host-only cases throw before any capture).
+auto never_called = [](tp::StreamRef, std::size_t) { BOOST_FAIL("the body must not run"); };
+
+std::vector<float> pattern(std::size_t n, unsigned seed) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7 + seed * 3) % 13);
+  return v;
+}
+
+//! What y must hold after a run of `rows` samples over input `x`: 2 * x + rows.
+std::vector<float> step_of(const std::vector<float>& x, std::size_t count, std::size_t rows) {
+  std::vector<float> y(count);
+  for (std::size_t i = 0; i < count; ++i) y[i] = 2 * x[i] + static_cast<float>(rows);
+  return y;
+}
+
+//! y = 2 * x + size over size * width elements, through two temporaries of the capture's pool
+//! (freed inside the body, so that later captures reuse their blocks).
+void affine_step(tp::StreamRef s, std::size_t size, std::size_t width, const float* x, float* y) {
+  const std::size_t n = size * width;
+  tp::DeviceTensor<float> doubled(n, s);
+  tp_test::affine(x, doubled.data(), n, 2.0f, 0.0f, s);
+  tp::DeviceTensor<float> shifted(n, s);
+  tp_test::affine(doubled.data(), shifted.data(), n, 1.0f, static_cast<float>(size), s);
+  tp_test::affine(shifted.data(), y, n, 1.0f, 0.0f, s);
+}
+
+//! User buffers sized for `rows` samples (outside the pool), and the sizes the body ran with.
+struct Step {
+  static constexpr std::size_t width = 3;  // elements per sample
+  tp::Stream stream;
+  tp::DeviceTensor<float> x;
+  tp::DeviceTensor<float> y;
+  std::vector<std::size_t> calls;  // body(stream, size) calls, in order (captures and eager runs)
+  bool throw_next = false;         // the next body call throws after issuing work
+
+  explicit Step(std::size_t rows) : x(rows * width, stream), y(rows * width, stream) {}
+
+  auto body() {
+    return [this](tp::StreamRef s, std::size_t size) {
+      calls.push_back(size);
+      BOOST_TEST((s == stream));  // captured (and run eagerly) on the run's stream
+      affine_step(s, size, width, x.data(), y.data());
+      if (std::exchange(throw_next, false)) throw std::runtime_error("body failed");
+    };
+  }
+
+  //! Fills x with a fresh pattern; returns it.
+  std::vector<float> new_input(unsigned seed) {
+    std::vector<float> v = pattern(x.size(), seed);
+    x.copy_from_host(v, stream);
+    return v;
+  }
+
+  //! Checks that y holds the step of `input` for `rows` samples.
+  void expect_ran(const std::vector<float>& input, std::size_t rows) {
+    const std::size_t n = rows * width;
+    const std::vector<float> got = y.to_host(stream);
+    const std::vector<float> want = step_of(input, n, rows);
+    BOOST_TEST(std::vector<float>(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(n)) == want,
+               boost::test_tools::per_element());
+  }
+
+  std::size_t calls_with(std::size_t size) const { return static_cast<std::size_t>(std::ranges::count(calls, size)); }
+};
+
+//! Runs batch n and checks the bucket it ran and the output.
+template <class Buckets>
+void run_and_expect(Buckets& buckets, Step& step, std::size_t n, std::size_t bucket, unsigned seed) {
+  const std::vector<float> input = step.new_input(seed);
+  BOOST_TEST(buckets.run(n, step.stream) == bucket);
+  step.expect_ran(input, bucket);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(buckets)
+
+// ---- the ladder (no GPU needed: checked before anything touches CUDA) -----------------------
+
+BOOST_AUTO_TEST_CASE(unsorted_ladder_throws_usage_error) {
+  BOOST_CHECK_THROW(tp::GraphBuckets(Ladder{1, 4, 2}, never_called), tp::usage_error);
+}
+
+BOOST_AUTO_TEST_CASE(ladder_with_repeats_throws_usage_error) {
+  BOOST_CHECK_THROW(tp::GraphBuckets(Ladder{1, 2, 2, 4}, never_called), tp::usage_error);
+}
+
+BOOST_AUTO_TEST_CASE(ladder_with_zero_or_no_sizes_throws_usage_error) {
+  BOOST_CHECK_THROW(tp::GraphBuckets(Ladder{0, 1, 2}, never_called), tp::usage_error);
+  BOOST_CHECK_THROW(tp::GraphBuckets(Ladder{}, never_called), tp::usage_error);
+}
+
+BOOST_AUTO_TEST_CASE(bucket_for_is_the_smallest_bucket_that_holds_the_batch) {
+  tp::GraphBuckets buckets(Ladder{1, 2, 4, 8, 16, 24, 32}, never_called);
+  BOOST_TEST(buckets.bucket_for(1) == 1u);
+  BOOST_TEST(buckets.bucket_for(3) == 4u);
+  BOOST_TEST(buckets.bucket_for(8) == 8u);
+  BOOST_TEST(buckets.bucket_for(17) == 24u);
+  BOOST_TEST(buckets.bucket_for(32) == 32u);
+  BOOST_TEST(buckets.bucket_for(33) == 0u);  // above the ladder
+}
+
+BOOST_AUTO_TEST_CASE(run_and_bucket_for_of_zero_throw_usage_error) {
+  tp::GraphBuckets buckets(small_ladder, never_called);
+  BOOST_CHECK_THROW(buckets.run(0, tp::StreamRef{}), tp::usage_error);
+  BOOST_CHECK_THROW((void)buckets.bucket_for(0), tp::usage_error);
+}
+
+BOOST_AUTO_TEST_CASE(is_captured_speaks_in_ladder_sizes) {
+  tp::GraphBuckets buckets(small_ladder, never_called);
+  BOOST_TEST(!buckets.is_captured(8));
+  BOOST_CHECK_THROW((void)buckets.is_captured(3), tp::usage_error);  // an index, not a size
+  BOOST_CHECK_THROW((void)buckets.is_captured(16), tp::usage_error);
+}
+
+BOOST_AUTO_TEST_CASE(overflow_throw_refuses_a_batch_above_the_ladder) {
+  tp::GraphBuckets buckets(small_ladder, never_called, {.overflow = tp::Overflow::Throw});
+  BOOST_CHECK_THROW(buckets.run(9, tp::StreamRef{}), tp::usage_error);
+}
+
+BOOST_AUTO_TEST_CASE(share_executables_with_a_piecewise_body_throws_usage_error) {
+  auto piecewise = [](tp::PiecewiseGraph&, std::size_t) { BOOST_FAIL("the body must not run"); };
+  BOOST_CHECK_THROW(tp::GraphBuckets(small_ladder, piecewise, {.share_executables = true}), tp::usage_error);
+}
+
+BOOST_AUTO_TEST_CASE(staged_input_that_is_not_whole_samples_throws_usage_error) {
+  // Host arrays typed as spans: the sizes are checked before CUDA is asked anything.
+  std::vector<float> statics(8 * 2);
+  std::vector<float> input(5);  // 5 elements are not whole samples of a batch of 3
+  std::span<float> s(statics);
+  std::span<float> in(input);
+  tp::GraphBuckets buckets(small_ladder, never_called);
+  BOOST_CHECK_THROW(buckets.run(3, std::tie(s), std::tie(in), tp::StreamRef{}), tp::usage_error);
+  std::vector<float> too_big(3 * 6);  // 6 per sample: a bucket of 4 needs 24 static elements
+  std::span<float> big(too_big);
+  BOOST_CHECK_THROW(buckets.run(3, std::tie(s), std::tie(big), tp::StreamRef{}), tp::usage_error);
+}
+
+// ---- runs -------------------------------------------------------------------------------
+
+TP_GPU_TEST(run_captures_a_bucket_on_first_use_and_replays_it_after) {
+  Step step(8);
+  tp::GraphBuckets buckets(small_ladder, step.body());
+  BOOST_TEST(!buckets.is_captured(4));
+  run_and_expect(buckets, step, 3, 4, 1);
+  BOOST_TEST(buckets.is_captured(4));
+  BOOST_TEST(!buckets.is_captured(2));
+  run_and_expect(buckets, step, 4, 4, 2);  // a new input: the replay computes it
+  run_and_expect(buckets, step, 3, 4, 3);
+  BOOST_TEST(step.calls_with(4) == 1u);    // captured once
+  run_and_expect(buckets, step, 1, 1, 4);
+  BOOST_TEST(step.calls == (Ladder{4, 1}));
+  BOOST_TEST(buckets.executables() == 2u);
+}
+
+TP_GPU_TEST(overflow_eager_runs_the_body_with_the_batch_size_every_time) {
+  Step step(12);
+  tp::GraphBuckets buckets(small_ladder, step.body());
+  run_and_expect(buckets, step, 11, 11, 1);
+  run_and_expect(buckets, step, 11, 11, 2);
+  BOOST_TEST(step.calls == (Ladder{11, 11}));  // eager: the body runs at every call
+  BOOST_TEST(buckets.executables() == 0u);
+  BOOST_TEST(buckets.pool().reserved_bytes() == 0u);  // nothing went into the buckets' pool
+}
+
+TP_GPU_TEST(body_that_throws_during_lazy_capture_leaves_the_bucket_uncaptured_and_the_next_run_retries) {
+  for (bool shared : {false, true}) {
+    Step step(8);
+    tp::GraphBuckets buckets(small_ladder, step.body(), {.share_executables = shared});
+    run_and_expect(buckets, step, 8, 8, 1);
+    step.throw_next = true;
+    BOOST_CHECK_THROW(buckets.run(2, step.stream), std::runtime_error);
+    BOOST_TEST(tp_test::not_capturing(step.stream));
+    BOOST_TEST(!buckets.is_captured(2));
+    BOOST_TEST(buckets.is_captured(8));
+    run_and_expect(buckets, step, 2, 2, 2);  // tries again, and succeeds
+    BOOST_TEST(buckets.is_captured(2));
+    BOOST_TEST(step.calls_with(2) == 2u);
+    run_and_expect(buckets, step, 5, 8, 3);  // the bucket captured before is untouched
+  }
+}
+
+TP_GPU_TEST(max_executables_drops_the_least_recently_run_bucket_and_captures_it_again) {
+  Step step(8);
+  tp::GraphBuckets buckets(small_ladder, step.body(), {.max_executables = 2});
+  run_and_expect(buckets, step, 1, 1, 1);
+  run_and_expect(buckets, step, 2, 2, 2);
+  run_and_expect(buckets, step, 1, 1, 3);  // 2 is now the least recently run
+  run_and_expect(buckets, step, 4, 4, 4);
+  BOOST_TEST(buckets.executables() == 2u);
+  BOOST_TEST(!buckets.is_captured(2));
+  BOOST_TEST(buckets.is_captured(1));
+  BOOST_TEST(buckets.is_captured(4));
+  run_and_expect(buckets, step, 2, 2, 5);  // captured again; 1 is dropped now
+  BOOST_TEST(step.calls_with(2) == 2u);
+  BOOST_TEST(!buckets.is_captured(1));
+  BOOST_TEST(buckets.is_captured(4));
+  run_and_expect(buckets, step, 3, 4, 6);
+  BOOST_TEST(step.calls_with(4) == 1u);
+}
+
+TP_GPU_TEST(capture_all_and_lazy_false_capture_every_bucket_largest_first) {
+  Step step(8);
+  tp::GraphBuckets lazy(small_ladder, step.body());
+  lazy.capture_all(step.stream);
+  BOOST_TEST(step.calls == (Ladder{8, 4, 2, 1}));
+  for (std::size_t size : small_ladder) BOOST_TEST(lazy.is_captured(size));
+  step.calls.clear();
+  {
+    tp::StreamGuard guard(step.stream);  // lazy = false captures on the current stream
+    tp::GraphBuckets eager(small_ladder, step.body(), {.lazy = false});
+    BOOST_TEST(step.calls == (Ladder{8, 4, 2, 1}));
+    run_and_expect(eager, step, 3, 4, 1);
+  }
+  BOOST_TEST(step.calls.size() == 4u);  // the run replayed, it did not capture
+}
+
+TP_GPU_TEST(every_bucket_captures_into_the_one_pool) {
+  tp::Stream stream;
+  std::vector<tp::Pool> pools;
+  auto body = [&](tp::StreamRef s, std::size_t size) {
+    tp::DeviceTensor<float> scratch(size * 1000, s);
+    pools.push_back(scratch.pool());
+    tp_test::fill(scratch.data(), scratch.size(), 1.0f, s);
+  };
+  tp::GraphBuckets own(small_ladder, body);
+  own.capture_all(stream);
+  BOOST_REQUIRE(pools.size() == 4u);
+  BOOST_TEST(!own.pool().empty());
+  for (const tp::Pool& p : pools) BOOST_TEST((p == own.pool()));
+  BOOST_TEST(own.pool().reserved_bytes() > 0u);
+
+  pools.clear();
+  const tp::Pool given = tp::graph_pool_handle();
+  tp::GraphBuckets configured(small_ladder, body, {.pool = given});
+  configured.run(3, stream);
+  configured.run(8, stream);
+  BOOST_TEST((configured.pool() == given));
+  BOOST_REQUIRE(pools.size() == 2u);
+  for (const tp::Pool& p : pools) BOOST_TEST((p == given));
+  stream.synchronize();
+}
+
+// ---- staged runs ------------------------------------------------------------------------
+
+TP_GPU_TEST(staged_run_copies_each_input_into_the_front_of_its_static_buffer) {
+  for (bool shared : {false, true}) {
+    for (bool zero_fill : {false, true}) {
+      BOOST_TEST_CONTEXT("shared " << shared << ", zero fill " << zero_fill) {
+        Step step(8);
+        tp::GraphBuckets buckets(small_ladder, step.body(), {.share_executables = shared, .zero_fill_tail = zero_fill});
+        const float sentinel = 100.0f;
+        for (std::size_t n : {3u, 4u, 3u, 5u}) {  // the same bucket twice in a row, then another
+          std::vector<float> statics(step.x.size(), sentinel);
+          step.x.copy_from_host(statics, step.stream);
+          const std::vector<float> fresh = pattern(n * Step::width, static_cast<unsigned>(n));
+          tp::DeviceTensor<float> input(fresh.size(), step.stream);
+          input.copy_from_host(fresh, step.stream);
+          const std::size_t bucket = buckets.run(n, std::tie(step.x), std::tie(input), step.stream);
+          BOOST_TEST(bucket == buckets.bucket_for(n));
+          // What x must hold: the input in front, then zeros or the sentinel up to the bucket,
+          // then the sentinel (never touched).
+          std::vector<float> want(step.x.size(), sentinel);
+          std::copy(fresh.begin(), fresh.end(), want.begin());
+          if (zero_fill) std::fill(want.begin() + fresh.size(), want.begin() + bucket * Step::width, 0.0f);
+          BOOST_TEST(step.x.to_host(step.stream) == want, boost::test_tools::per_element());
+          step.expect_ran(want, bucket);
+        }
+      }
+    }
+  }
+}
+
+TP_GPU_TEST(staged_run_above_the_ladder_copies_the_input_and_runs_eagerly) {
+  Step step(12);
+  tp::GraphBuckets buckets(small_ladder, step.body());
+  const std::vector<float> fresh = pattern(11 * Step::width, 5);
+  tp::DeviceTensor<float> input(fresh.size(), step.stream);
+  input.copy_from_host(fresh, step.stream);
+  BOOST_TEST(buckets.run(11, std::tie(step.x), std::tie(input), step.stream) == 11u);
+  step.expect_ran(fresh, 11);
+  // A static buffer too small for the batch is refused before anything runs.
+  Step small(8);
+  tp::GraphBuckets refused(small_ladder, small.body());
+  BOOST_CHECK_THROW(refused.run(11, std::tie(small.x), std::tie(input), small.stream), tp::usage_error);
+  BOOST_TEST(small.calls.empty());
+}
+
+// ---- shared executables -----------------------------------------------------------------
+
+TP_GPU_TEST(shared_executables_give_the_same_results_as_separate_ones) {
+  const Ladder ladder{1, 2, 4, 8, 16, 24, 32};
+  Step separate_step(32);
+  Step shared_step(32);
+  tp::GraphBuckets separate(ladder, separate_step.body());
+  tp::GraphBuckets shared(ladder, shared_step.body(), {.share_executables = true});
+  std::mt19937 random(7);
+  std::uniform_int_distribution<std::size_t> batch(1, 32);
+  for (unsigned t = 0; t < 300; ++t) {
+    const std::size_t n = batch(random);
+    const std::vector<float> input = separate_step.new_input(t);
+    shared_step.x.copy_from_host(input, shared_step.stream);
+    const std::size_t ran = separate.run(n, separate_step.stream);
+    BOOST_REQUIRE(shared.run(n, shared_step.stream) == ran);
+    const std::vector<float> want = separate_step.y.to_host(separate_step.stream);
+    BOOST_REQUIRE(shared_step.y.to_host(shared_step.stream) == want);
+    if (t % 50 == 0) shared_step.expect_ran(input, ran);
+  }
+  separate.capture_all(separate_step.stream);
+  shared.capture_all(shared_step.stream);
+  BOOST_TEST(separate.executables() == ladder.size());
+  // Every bucket has one topology (three kernels; grids and pointers differ): CUDA updates one
+  // executable between them.
+  BOOST_TEST(shared.executables() == 1u);
+}
+
+TP_GPU_TEST(shared_executables_keep_one_per_topology_and_drop_the_least_recent_at_the_limit) {
+  Step step(8);
+  // Buckets from 4 up add a kernel: two topologies.
+  auto body = [&](tp::StreamRef s, std::size_t size) {
+    step.calls.push_back(size);
+    affine_step(s, size, Step::width, step.x.data(), step.y.data());
+    if (size >= 4) tp_test::add(step.y.data(), size * Step::width, 0.0f, s);
+  };
+  tp::GraphBuckets unlimited(small_ladder, body, {.share_executables = true});
+  unlimited.capture_all(step.stream);
+  BOOST_TEST(unlimited.executables() == 2u);
+  for (std::size_t n : {1u, 8u, 2u, 4u, 3u, 1u}) run_and_expect(unlimited, step, n, unlimited.bucket_for(n), n);
+
+  step.calls.clear();
+  tp::GraphBuckets limited(small_ladder, body, {.max_executables = 1, .share_executables = true});
+  run_and_expect(limited, step, 2, 2, 1);
+  run_and_expect(limited, step, 1, 1, 2);  // shares the executable of 2
+  BOOST_TEST(limited.executables() == 1u);
+  run_and_expect(limited, step, 8, 8, 3);  // another topology: the executable of 1 and 2 goes
+  BOOST_TEST(limited.executables() == 1u);
+  BOOST_TEST(!limited.is_captured(1));
+  BOOST_TEST(!limited.is_captured(2));
+  run_and_expect(limited, step, 2, 2, 4);  // captured again
+  BOOST_TEST(!limited.is_captured(8));
+  BOOST_TEST(step.calls == (Ladder{2, 1, 8, 2}));
+}
+
+// ---- memory and the output-validity rule --------------------------------------------------
+
+// Lazy captures in a random order, so that capture order differs from size order, mixed with
+// replays of the buckets already captured. Each bucket writes a tensor it keeps in the pool and
+// a buffer of the user's. After every run: its kept tensor and its user buffer hold the right
+// values (a run's outputs are valid until the next run), and every other bucket's user buffer
+// still holds what that bucket last wrote (no graph writes outside its own memory, whatever
+// blocks the pool handed out in whatever order).
+TP_GPU_TEST(lazy_capture_in_a_random_order_keeps_outputs_valid_until_the_next_run) {
+  const Ladder ladder{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+  constexpr std::size_t width = 4;
+  tp::Stream stream;
+  tp::DeviceTensor<float> x(ladder.back() * width, stream);
+  std::map<std::size_t, tp::DeviceTensor<float>> user;  // per bucket, outside the pool
+  std::map<std::size_t, tp::DeviceTensor<float>> kept;  // per bucket, kept in the pool
+  for (std::size_t size : ladder) user.emplace(size, tp::DeviceTensor<float>(size * width, stream));
+  auto body = [&](tp::StreamRef s, std::size_t size) {
+    const std::size_t n = size * width;
+    tp::DeviceTensor<float> doubled(n, s);
+    tp_test::affine(x.data(), doubled.data(), n, 2.0f, 0.0f, s);
+    tp::DeviceTensor<float> shifted(n, s);
+    tp_test::affine(doubled.data(), shifted.data(), n, 1.0f, static_cast<float>(size), s);
+    kept[size] = tp::DeviceTensor<float>(n, s);
+    tp_test::affine(shifted.data(), kept[size].data(), n, 1.0f, 0.0f, s);
+    tp_test::affine(kept[size].data(), user.at(size).data(), n, 1.0f, 0.0f, s);
+  };
+  tp::GraphBuckets buckets(ladder, body);
+
+  std::mt19937 random(2026);
+  Ladder order = ladder;
+  std::shuffle(order.begin(), order.end(), random);
+  std::map<std::size_t, std::vector<float>> last;  // what each bucket's user buffer must hold
+  std::uniform_int_distribution<std::size_t> any_batch(1, ladder.back());
+  for (unsigned t = 0; t < 300; ++t) {
+    // First every bucket once, in the shuffled order, each followed by a random batch (a
+    // replay of a bucket captured before, or another capture); then random batches.
+    const std::size_t n = t < 2 * order.size() && t % 2 == 0 ? order[t / 2] : any_batch(random);
+    const std::vector<float> input = pattern(x.size(), t);
+    x.copy_from_host(input, stream);
+    const std::size_t bucket = buckets.run(n, stream);
+    BOOST_REQUIRE(bucket == buckets.bucket_for(n));
+    last[bucket] = step_of(input, bucket * width, bucket);
+    BOOST_REQUIRE_MESSAGE(kept.at(bucket).to_host(stream) == last[bucket], "kept output of bucket " << bucket << " at run " << t);
+    for (const auto& [size, want] : last)
+      BOOST_REQUIRE_MESSAGE(user.at(size).to_host(stream) == want, "user buffer of bucket " << size << " after run " << t);
+  }
+  for (std::size_t size : ladder) BOOST_TEST(buckets.is_captured(size));
+}
+
+// The step of a ~decoder layer: eight temporaries in a row, each freed when the next exists.
+void layered_step(tp::StreamRef s, std::size_t size, std::size_t width, const float* x, float* y) {
+  const std::size_t n = size * width;
+  tp::DeviceTensor<float> h(n, s);
+  tp_test::affine(x, h.data(), n, 1.0f, 0.0f, s);
+  for (int layer = 0; layer < 8; ++layer) {
+    tp::DeviceTensor<float> next(n, s);
+    tp_test::affine(h.data(), next.data(), n, 1.0f, 1.0f, s);
+    h = std::move(next);
+  }
+  tp_test::affine(h.data(), y, n, 1.0f, 0.0f, s);
+}
+
+TP_GPU_TEST(ladder_of_32_buckets_reserves_at_most_a_tenth_more_than_its_largest_bucket_alone) {
+  Ladder ladder(32);
+  for (std::size_t k = 0; k < ladder.size(); ++k) ladder[k] = 16 * (k + 1);  // 16 ... 512
+  constexpr std::size_t width = 1024;
+  tp::Stream stream;
+  tp::DeviceTensor<float> x(ladder.back() * width, stream);
+  tp::DeviceTensor<float> y(ladder.back() * width, stream);
+  auto body = [&](tp::StreamRef s, std::size_t size) { layered_step(s, size, width, x.data(), y.data()); };
+  tp::StreamGuard guard(stream);
+  tp::GraphBuckets largest(Ladder{ladder.back()}, body, {.lazy = false});
+  tp::GraphBuckets all(ladder, body, {.lazy = false});
+  const std::size_t alone = largest.pool().reserved_bytes();
+  const std::size_t whole = all.pool().reserved_bytes();
+  BOOST_TEST_MESSAGE("largest bucket alone: " << alone << " bytes; 32 buckets: " << whole << " bytes");
+  BOOST_TEST(alone > 0u);
+  BOOST_TEST(static_cast<double>(whole) <= 1.1 * static_cast<double>(alone));
+  // Every bucket still computes its step after all of them were captured.
+  const std::vector<float> input = pattern(x.size(), 9);
+  x.copy_from_host(input, stream);
+  for (std::size_t n : {512u, 1u, 200u, 17u, 512u}) {
+    const std::size_t bucket = all.run(n, stream);
+    const std::vector<float> got = y.to_host(stream);
+    for (std::size_t i = 0; i < bucket * width; i += 97) BOOST_REQUIRE(got[i] == input[i] + 8.0f);
+  }
+  BOOST_TEST(all.pool().reserved_bytes() == whole);  // replays allocate nothing
+}
+
+BOOST_AUTO_TEST_SUITE_END()
