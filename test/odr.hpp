@@ -33,10 +33,11 @@ struct Replayed {
   tensorplay::PoolId graph_pool;
 };
 
-// odr_a.cu / odr_b.cu (ODR_TRANSLATION_UNIT below). capture_and_replay_*: a graph that writes the TU's formula into a
-// tensor allocated inside the capture and adds that tensor to an accumulator (zeroed before),
-// replayed `replays` times. allocate_*: a tensor allocated on the current stream. write_*:
-// the TU's kernel on the current stream. parse_mode_*: capture_error_mode_from_string.
+// Defined in odr_a.cu / odr_b.cu (by ODR_TRANSLATION_UNIT below). capture_and_replay_*: a
+// graph that writes the TU's formula into a tensor allocated inside the capture and adds that
+// tensor to an accumulator (zeroed before), replayed `replays` times. allocate_*: a tensor
+// allocated on the current stream. write_*: the TU's kernel on the current stream.
+// parse_mode_*: capture_error_mode_from_string.
 Replayed capture_and_replay_a(std::size_t n, float value, int replays);
 Replayed capture_and_replay_b(std::size_t n, float value, int replays);
 tensorplay::DeviceTensor<float> allocate_a(std::size_t n);
