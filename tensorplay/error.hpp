@@ -9,15 +9,16 @@
 #include <string>
 #include <string_view>
 #if __has_include(<source_location>)
+#include <source_location>
 #endif
 
 namespace tensorplay {
 
 #if defined(__cpp_lib_source_location)
-//! Where a caller asked for work (tensorplay::source_location where the standard library has it).
-using source_location = tensorplay::source_location;
+//! Where a caller asked for work (std::source_location where the standard library has it).
+using source_location = std::source_location;
 #else
-//! Where a caller asked for work: tensorplay::source_location's interface, for standard libraries that
+//! Where a caller asked for work: std::source_location's interface, for standard libraries that
 //! lack it with this compiler (clang 14 with libstdc++ 12 has the compiler builtins only).
 class source_location {
  public:

@@ -1,46 +1,12 @@
 // Tests stage_and_launch's compile-time checks: each misuse in compile_fail/stage_static_checks.cu
 // must fail to compile with a message that says what is wrong.
-#include <boost/test/unit_test.hpp>
+#include "compile_outcomes.hpp"
 
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
-#include <string>
-
-namespace {
-
-struct Outcome {
-  int exit_code = -1;
-  std::string output;
-};
-
-Outcome outcome(const std::string& name) {
-  const char* dir = std::getenv("TENSORPLAY_COMPILE_OUTCOMES_DIR");
-  BOOST_REQUIRE_MESSAGE(dir != nullptr, "TENSORPLAY_COMPILE_OUTCOMES_DIR is not set");
-  std::ifstream in(std::string(dir) + "/" + name + ".log");
-  BOOST_REQUIRE_MESSAGE(in.good(), "no outcome log for case " << name);
-  std::string first;
-  std::getline(in, first);
-  BOOST_REQUIRE(first.rfind("exit=", 0) == 0);
-  std::stringstream rest;
-  rest << in.rdbuf();
-  return {std::stoi(first.substr(5)), rest.str()};
-}
-
-void expect_failure_saying(const std::string& name, const std::string& message) {
-  const Outcome o = outcome(name);
-  BOOST_TEST(o.exit_code != 0, "case " << name << " compiled");
-  BOOST_TEST(o.output.find(message) != std::string::npos, "case " << name << " output:\n" << o.output.substr(0, 2000));
-}
-
-}  // namespace
+using tp_test::expect_failure_saying;
 
 BOOST_AUTO_TEST_SUITE(stage_static_checks)
 
-BOOST_AUTO_TEST_CASE(correct_stage_and_launch_compiles) {
-  const Outcome o = outcome("none");
-  BOOST_TEST(o.exit_code == 0, o.output.substr(0, 2000));
-}
+BOOST_AUTO_TEST_CASE(correct_stage_and_launch_compiles) { tp_test::expect_compiles("none"); }
 
 BOOST_AUTO_TEST_CASE(tuples_of_different_arity_do_not_compile) {
   expect_failure_saying("arity", "static_inputs and inputs must have the same number of elements");

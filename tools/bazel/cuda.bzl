@@ -11,7 +11,9 @@ g++ on PATH. Every compile uses
 
     -c -std=c++20 --extended-lambda -lineinfo -O2 -Xcompiler -fPIC <GPU targets>
 
-then the include paths (-I / -isystem) and defines of the deps' CcInfo, then
+then `-Xcompiler <flag>` for each host-compiler flag of the build setting
+//tools/bazel:nvcc_host_copts (empty by default; `--config=sanitize` in .bazelrc sets
+it), then the include paths (-I / -isystem) and defines of the deps' CcInfo, then
 `defines`, then `copts`. The CUDA include tree is not declared as inputs (nvcc adds
 it itself).
 
@@ -117,6 +119,23 @@ _NVCC_FLAGS = [
     "-fPIC",
 ]
 
+HostCoptsInfo = provider(
+    doc = "Host-compiler flags that every nvcc compile passes on with -Xcompiler.",
+    fields = {"flags": "list of strings, one flag each"},
+)
+
+def _host_copts_impl(ctx):
+    return [HostCoptsInfo(flags = [f for f in ctx.build_setting_value if f])]
+
+# A comma-separated list on the command line (so a flag must not contain a comma: write
+# -fsanitize=address,-fsanitize=undefined, not -fsanitize=address,undefined). Each flag
+# goes to nvcc as `-Xcompiler <flag>` (nvcc would split a comma inside one flag too).
+host_copts_setting = rule(
+    implementation = _host_copts_impl,
+    build_setting = config.string_list(flag = True),
+    doc = "Build setting: extra host-compiler flags for every nvcc compile.",
+)
+
 # $1.. are the arguments; Bazel passes an empty $0 for run_shell with arguments.
 _NVCC = '"${CUDA_PATH:-/usr/local/cuda}/bin/nvcc"'
 
@@ -189,6 +208,10 @@ _COMMON_ATTRS = {
         default = Label("//tools/bazel:cuda_archs"),
         providers = [CudaArchsInfo],
     ),
+    "_host_copts": attr.label(
+        default = Label("//tools/bazel:nvcc_host_copts"),
+        providers = [HostCoptsInfo],
+    ),
 }
 
 def _uniq(items):
@@ -209,6 +232,8 @@ def _flags(ctx, cc, extra_defines = []):
     flags = list(_NVCC_FLAGS)
     if not _chooses_archs(ctx.attr.copts):
         flags += ctx.attr._cuda_archs[CudaArchsInfo].gencode
+    for f in ctx.attr._host_copts[HostCoptsInfo].flags:
+        flags += ["-Xcompiler", f]
 
     # The package's own workspace root (so `#include "pkg/x.hpp"` works as with
     # the cc rules), then the deps' include paths in Bazel's order.
