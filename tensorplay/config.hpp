@@ -5,6 +5,15 @@
 
 #include <cstddef>
 
+//! Marks the functions that own process-wide state (the capture registry, the pools, this
+//! thread's streams, the kernel library): one copy per process, also when tensorplay is compiled
+//! into several shared libraries built with -fvisibility=hidden (docs/shared_libraries.md).
+#if defined(__GNUC__) || defined(__clang__)
+#define TENSORPLAY_PROCESS_WIDE __attribute__((visibility("default")))
+#else
+#define TENSORPLAY_PROCESS_WIDE
+#endif
+
 namespace tensorplay::config {
 
 // ---- devices -------------------------------------------------------------------------------

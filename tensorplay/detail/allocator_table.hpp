@@ -2,6 +2,7 @@
 // by address when Thrust deallocates them.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_context.hpp>
 
 #include <cuda_runtime_api.h>
@@ -15,7 +16,7 @@ namespace tensorplay::detail {
 //! Blocks handed out through PoolAllocator, found again by address on deallocate.
 class AllocatorTable {
  public:
-  static AllocatorTable& instance() {
+  TENSORPLAY_PROCESS_WIDE static AllocatorTable& instance() {
     static auto* table = new AllocatorTable;
     return *table;
   }

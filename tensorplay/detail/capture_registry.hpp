@@ -10,6 +10,7 @@
 // the query costs about as much as the rest of capture_begin's bookkeeping together.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 
 #include <cuda_runtime_api.h>
@@ -40,7 +41,7 @@ class CaptureOwner {
 
 class CaptureRegistry {
  public:
-  static CaptureRegistry& instance() {
+  TENSORPLAY_PROCESS_WIDE static CaptureRegistry& instance() {
     static auto* registry = new CaptureRegistry;  // leaked on purpose: pools die after main returns
     return *registry;
   }

@@ -50,7 +50,7 @@ class KernelLibrary {
  public:
   //! The library, loaded (on first call) and ready on `device` (its module is loaded there
   //! eagerly, so that the first capture that uses a kernel does not pay for loading it).
-  static const KernelLibrary& on(int device, const tensorplay::source_location& where) {
+  TENSORPLAY_PROCESS_WIDE static const KernelLibrary& on(int device, const tensorplay::source_location& where) {
     static const KernelLibrary library(where);  // a throw leaves it unloaded: the next call retries
     library.prepare(device, where);
     return library;

@@ -28,7 +28,7 @@ namespace tensorplay::detail {
 //! Every live pool by serial (for Pool(PoolId)), and the process-wide default pool per device.
 class PoolDirectory {
  public:
-  static PoolDirectory& instance() {
+  TENSORPLAY_PROCESS_WIDE static PoolDirectory& instance() {
     static auto* directory = new PoolDirectory;  // leaked on purpose, like the default pools
     return *directory;
   }

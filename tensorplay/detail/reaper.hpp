@@ -7,6 +7,7 @@
 // back), so the callback only hands the object to this thread, which destroys it.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/version.hpp>
 
 #include <pthread.h>
@@ -35,7 +36,7 @@ struct RetainedValue final : RetainedBox {
 // compile time.
 class Reaper {
  public:
-  static Reaper& instance() {
+  TENSORPLAY_PROCESS_WIDE static Reaper& instance() {
     static auto* reaper = new Reaper;  // leaked on purpose: callbacks may come during exit
     return *reaper;
   }

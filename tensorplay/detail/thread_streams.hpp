@@ -60,7 +60,7 @@ struct ThreadStreams {
   }
 };
 
-inline ThreadStreams& thread_streams() noexcept {
+TENSORPLAY_PROCESS_WIDE inline ThreadStreams& thread_streams() noexcept {
   thread_local ThreadStreams streams;
   return streams;
 }
