@@ -208,7 +208,10 @@ class PoolImpl {
     for (cudaStream_t s : block->uses) block->pending.push_back({s, nullptr, nullptr});
     for (auto& marker : block->ended) block->pending.push_back({nullptr, nullptr, std::move(marker)});
     block->ended.clear();
-    for (PendingUse& use : block->pending) (void)try_record(use);  // now, while the streams surely exist
+    {
+      RelaxedCaptureMode relaxed;  // as in poll_pending
+      for (PendingUse& use : block->pending) (void)try_record(use);  // now, while the streams surely exist
+    }
     pending_.push_back(block);
   }
 
@@ -535,8 +538,12 @@ class PoolImpl {
     return true;
   }
 
-  //! Moves pending blocks whose uses have all completed into the free set.
+  //! Moves pending blocks whose uses have all completed into the free set. Relaxed capture
+  //! mode: this runs inside captures (an allocation in a capture polls), and CUDA refuses
+  //! cudaEventQuery and cudaEventRecord from a thread with a capture open (thread_local and
+  //! global modes), which would invalidate that capture; the events here are eager ones.
   void poll_pending() noexcept {
+    RelaxedCaptureMode relaxed;
     std::erase_if(pending_, [&](Block* b) {
       if (b->seq == never_reused) return false;
       bool done = true;

@@ -80,7 +80,7 @@ class PoolDirectory {
     auto make_marker = [stream]() -> std::shared_ptr<const StreamEndMarker> {
       if (is_capturing_or_false(stream)) return nullptr;  // an event recorded now would be captured
       auto marker = std::make_shared<StreamEndMarker>();
-      RelaxedCaptureMode relaxed;  // creating an event must not disturb a capture elsewhere
+      RelaxedCaptureMode relaxed;  // creating and recording an event must not disturb a capture elsewhere
       if (cudaEventCreateWithFlags(&marker->event, cudaEventDisableTiming) != cudaSuccess ||
           event_record(marker->event, stream) != cudaSuccess) {
         (void)cudaGetLastError();

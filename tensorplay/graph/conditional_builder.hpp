@@ -11,6 +11,7 @@
 
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/driver_api.hpp>
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/detail/kernel_library.hpp>
 #include <tensorplay/error.hpp>
@@ -188,6 +189,7 @@ void capture_set_handle(cudaStream_t stream, int device, cudaGraphConditionalHan
   const bool programmatic = follows_one_kernel(stream, device);
   if constexpr (ScalarPredicate<P> || IndexTensor<P>) {
     using Value = std::conditional_t<ScalarPredicate<P>, bool, element_t<P>>;
+    (void)pred;  // checked: its address, read by the kernel
     const KernelLibrary& library = KernelLibrary::on(device, where);
     void* args[] = {&handle, &checked};
     launch(reinterpret_cast<const void*>(library.set_handle<Value>()), dim3(1), dim3(1), stream, programmatic, args,
@@ -279,9 +281,11 @@ inline cudaGraphNode_t copy_node(cudaGraphNode_t node, cudaGraph_t to, const ten
   cudaGraphNode_t copy = nullptr;
   switch (type) {
     case cudaGraphNodeTypeKernel: {
-      cudaKernelNodeParams params{};
-      TENSORPLAY_CHECK(cudaGraphKernelNodeGetParams(node, &params), where);
-      TENSORPLAY_CHECK(cudaGraphAddKernelNode(&copy, to, nullptr, 0, &params), where);
+      // Through the driver: the runtime cannot describe kernels loaded from libraries (driver_api.hpp).
+      const DriverApi& driver = DriverApi::get(where);
+      DriverKernelNodeParams params{};
+      check_driver(driver.kernel_node_get_params(node, &params), "cuGraphKernelNodeGetParams", where);
+      check_driver(driver.add_kernel_node(&copy, to, nullptr, 0, &params), "cuGraphAddKernelNode", where);
       TENSORPLAY_CHECK(cudaGraphKernelNodeCopyAttributes(copy, node), where);
       return copy;
     }

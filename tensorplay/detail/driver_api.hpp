@@ -1,0 +1,68 @@
+// tensorplay/detail/driver_api.hpp: the few driver API calls the runtime API lacks, reached
+// through cudaGetDriverEntryPointByVersion (no link against libcuda, no <cuda.h>).
+//
+// cudaGraphKernelNodeGetParams cannot describe a kernel node whose kernel is a cudaKernel_t (the
+// library's own kernels, loaded with cudaLibraryLoadData) or a CUfunction (libraries that launch
+// through the driver API): it fails with cudaErrorInvalidDeviceFunction (seen on the H200). The
+// driver's cuGraphKernelNodeGetParams returns every kind, and cuGraphAddKernelNode takes it back.
+#pragma once
+
+#include <tensorplay/config.hpp>
+#include <tensorplay/error.hpp>
+
+#include <cuda_runtime_api.h>
+
+namespace tensorplay::detail {
+
+//! CUDA_KERNEL_NODE_PARAMS_v2 of <cuda.h>: the driver's ABI, member for member.
+struct DriverKernelNodeParams {
+  void* func;
+  unsigned int grid_x, grid_y, grid_z;
+  unsigned int block_x, block_y, block_z;
+  unsigned int shared_mem_bytes;
+  void** kernel_params;
+  void** extra;
+  void* kernel;
+  void* context;
+};
+
+class DriverApi {
+ public:
+  using GetKernelParams = int (*)(cudaGraphNode_t, DriverKernelNodeParams*);
+  using AddKernelNode = int (*)(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, std::size_t,
+                                const DriverKernelNodeParams*);
+
+  TENSORPLAY_PROCESS_WIDE static const DriverApi& get(const tensorplay::source_location& where) {
+    static const DriverApi api(where);  // a throw leaves it unresolved: the next call retries
+    return api;
+  }
+
+  GetKernelParams kernel_node_get_params = nullptr;
+  AddKernelNode add_kernel_node = nullptr;
+
+ private:
+  explicit DriverApi(const tensorplay::source_location& where) {
+    resolve("cuGraphKernelNodeGetParams", kernel_node_get_params, where);
+    resolve("cuGraphAddKernelNode", add_kernel_node, where);
+  }
+
+  template <class F>
+  static void resolve(const char* symbol, F& out, const tensorplay::source_location& where) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    // Version 12000: the _v2 entry points, whose parameters DriverKernelNodeParams mirrors.
+    check(cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found),
+          "cudaGetDriverEntryPointByVersion", where);
+    if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+      check(cudaErrorSymbolNotFound, "cudaGetDriverEntryPointByVersion (driver function not found)", where);
+    out = reinterpret_cast<F>(fn);
+  }
+};
+
+//! Runs a driver call; throws cuda_error naming it when it fails (CUresult codes share their
+//! values with cudaError_t for the errors these calls return).
+inline void check_driver(int result, const char* call, const tensorplay::source_location& where) {
+  if (result != 0) check(static_cast<cudaError_t>(result), call, where);
+}
+
+}  // namespace tensorplay::detail
