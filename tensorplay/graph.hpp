@@ -12,6 +12,7 @@
 // graph/graph.hpp    Graph: capture, replay, update, retain, conditional nodes, stage_and_launch
 // graph/conditional_scope.hpp   ConditionalScope, IfScope, WhileScope
 // graph/make_graphed.hpp        make_graphed
+// graph/device_group.hpp        DeviceGroupGraph: one Graph per device, captured together
 //
 // Not included here (each needs a library of its own): <tensorplay/thrust.hpp> (PoolAllocator),
 // <tensorplay/cublas.hpp>, <tensorplay/nccl.hpp>.
@@ -27,6 +28,7 @@
 #include <tensorplay/device_tensor.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/conditional_scope.hpp>
+#include <tensorplay/graph/device_group.hpp>
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/graph/make_graphed.hpp>
 #include <tensorplay/graph/options.hpp>
