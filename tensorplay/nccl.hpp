@@ -10,12 +10,15 @@
 //     auto comms = tp::nccl::init_clique(group.devices());     // one communicator per device
 //     warm_up(comms);                                           // one eager step: NCCL connects lazily
 //     tp::nccl::capture(group, comms, [&](std::span<const tp::StreamRef> s) {
-//       for (std::size_t i = 0; i < s.size(); ++i) grad<<<blocks, threads, 0, s[i]>>>(...);
+//       for (std::size_t i = 0; i < s.size(); ++i) {
+//         tp::StreamGuard on(s[i]);                             // a kernel needs its device current
+//         grad<<<blocks, threads, 0, s[i]>>>(...);
+//       }
 //       tp::nccl::group([&] {
 //         for (std::size_t i = 0; i < s.size(); ++i)
 //           ncclAllReduce(g[i], g[i], n, ncclFloat, ncclSum, comms[i]->get(), s[i]);
 //       });
-//       for (std::size_t i = 0; i < s.size(); ++i) update<<<blocks, threads, 0, s[i]>>>(...);
+//       /* update kernels, as the gradient kernels */
 //     });
 //     group.replay(streams);                                    // each graph keeps its communicator
 //
@@ -218,13 +221,13 @@ class Communicator {
     std::span<const int> devices, std::source_location where = std::source_location::current()) {
   if (devices.empty()) detail::throw_usage("nccl::init_clique: the device list is empty");
   std::vector<ncclComm_t> raw(devices.size(), nullptr);
+  std::vector<std::shared_ptr<Communicator>> comms;
+  comms.reserve(raw.size());
   {
     detail::KeepCurrentDevice keep;
     detail::check_nccl(ncclCommInitAll(raw.data(), static_cast<int>(devices.size()), devices.data()),
                        "ncclCommInitAll", where);
   }
-  std::vector<std::shared_ptr<Communicator>> comms;
-  comms.reserve(raw.size());
   std::size_t owned = 0;
   try {
     for (; owned < raw.size(); ++owned) comms.push_back(std::make_shared<Communicator>(raw[owned]));
@@ -367,8 +370,7 @@ void group(F&& f, std::source_location where = std::source_location::current()) 
 
 //! Makes each device's graph of `group` hold comms[i] (the communicator of devices()[i]) until
 //! that graph, its executables and their last launches are gone. capture() does this for you;
-//! call it yourself after group.capture(). Before the group's first capture, each graph holds
-//! its communicator from then on.
+//! call it yourself after group.capture() (reset() and a failed capture drop what graphs hold).
 //! \throws usage_error when comms.size() differs from the group's size, a communicator is null,
 //!         or comms[i] runs on another device than devices()[i].
 inline void retain(DeviceGroupGraph& group, std::span<const std::shared_ptr<Communicator>> comms,

@@ -94,6 +94,11 @@ struct TwoGpus {
     all_reduce(refs);
     synchronize();
   }
+  TwoGpus(const TwoGpus&) = delete;
+  TwoGpus& operator=(const TwoGpus&) = delete;
+  // The cases' graphs are gone by now: once CUDA has released what they held, the communicators
+  // are destroyed here, on the test's thread, rather than by the reaper during the next case.
+  ~TwoGpus() { BOOST_TEST(nccl::wait_until_released(comms, 60s)); }
 
   void all_reduce(std::span<const tp::StreamRef> s) {
     nccl::group([&] {
