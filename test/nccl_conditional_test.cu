@@ -279,7 +279,7 @@ void run_with_graph_mixing(const char* worker, const char* mixing) {
   std::filesystem::create_directories(dir);
   std::vector<tp_test::Child> children{
       tp_test::spawn_worker(worker, {{"NCCL_GRAPH_MIXING_SUPPORT", mixing}}, dir / "child.log")};
-  tp_test::require_children_succeed(children, 240s);
+  tp_test::require_children_succeed(children);
   std::filesystem::remove_all(dir);
 }
 

@@ -113,7 +113,7 @@ TP_GPUS_TEST(two_processes_one_rank_each_replay_a_captured_all_reduce_with_exact
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::vector<tp_test::Child> children{spawn_rank(0, 2, dir, "60000"), spawn_rank(1, 2, dir, "60000")};
-  tp_test::require_children_succeed(children, 240s);
+  tp_test::require_children_succeed(children);
   std::filesystem::remove_all(dir);
 }
 

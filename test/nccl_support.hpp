@@ -253,9 +253,15 @@ inline bool wait_all(std::vector<Child>& children, std::chrono::milliseconds lim
   return ok;
 }
 
+//! How long a GPU child may run: TENSORPLAY_NCCL_CHILD_TIMEOUT_S seconds (120 by default; more
+//! under compute-sanitizer, through TENSORPLAY_SANITIZE_ENV).
+inline std::chrono::milliseconds child_limit() {
+  return std::chrono::seconds(env_or("TENSORPLAY_NCCL_CHILD_TIMEOUT_S", 120));
+}
+
 //! Checks that every child exited with status 0 within the limit, showing the output of those
 //! that did not.
-inline void require_children_succeed(std::vector<Child>& children, std::chrono::milliseconds limit) {
+inline void require_children_succeed(std::vector<Child>& children, std::chrono::milliseconds limit = child_limit()) {
   const bool ok = wait_all(children, limit);
   for (const Child& child : children) {
     BOOST_TEST_MESSAGE("---- child output (" << child.log.filename().string() << "):\n" << child.output());
