@@ -97,6 +97,7 @@ struct Fixture {
         BENCH_CUDA(cudaMemsetAsync(per_device.back().data(), 0, per_device.back().bytes(), refs[d]));
       }
     }
+    groups.reserve(buffers.size());
     for (std::size_t size = 0; size < buffers.size(); ++size) {
       for (int warm = 0; warm < 3; ++warm) step(size, refs);  // NCCL connects at first use
       synchronize();

@@ -498,6 +498,7 @@ TP_GPUS_TEST(a_group_body_that_throws_leaves_no_nccl_group_open, 2) {
 // One graph holds its communicator (the form a process with one rank uses), here a clique of one.
 TP_GPU_TEST(a_single_graph_holds_its_communicator_until_it_dies) {
   tp_test::nccl_defaults();
+  tp_test::OnDevice on(0);
   Comms comms = nccl::init_clique(std::vector<int>{0});
   tp::Stream stream(0);
   tp::DeviceTensor<float> a(n, stream);

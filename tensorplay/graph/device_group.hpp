@@ -41,7 +41,7 @@ namespace tensorplay {
 //!
 //!         tensorplay::DeviceGroupGraph group({0, 1});
 //!         group.capture([&](int device, tensorplay::StreamRef s) {
-//!           const std::size_t i = device_index(device);
+//!           const std::size_t i = group.index_of(device);
 //!           grad<<<blocks, threads, 0, s>>>(x[i].data(), g[i].data());
 //!           if (i == 0) ncclGroupStart();
 //!           ncclAllReduce(g[i].data(), g[i].data(), n, ncclFloat, ncclSum, comm[i], s);
@@ -51,7 +51,12 @@ namespace tensorplay {
 //!   - one step: body(std::span<const StreamRef> streams), called once with every capture
 //!     stream (streams[i] for devices()[i]), for steps that interleave kernels and grouped
 //!     collectives (kernel on every device, all-reduce, kernel on every device, ...). The
-//!     current device is left as it was.
+//!     current device is left as it was: make devices()[i] current before launching a kernel
+//!     on streams[i] (StreamGuard(streams[i]) does), or before opening a conditional body on
+//!     graph(devices()[i]) (cudaSetDevice; a StreamGuard would hide the body's stream).
+//!
+//! Streams: the group's own non-blocking streams (stream(device)) unless capture() is given
+//! others. Replay on any streams of the right devices; the group's own are convenient.
 //!
 //! Replaying launches each device's graph on its stream, with that device current (the calling
 //! thread's current device is restored afterwards); the host does not wait. Graphs of a
