@@ -14,6 +14,7 @@
 // graph/make_graphed.hpp        make_graphed
 // graph/piecewise.hpp           PiecewiseGraph: captured segments with eager steps between them
 // graph/buckets.hpp             GraphBuckets, BucketOptions, Overflow: one capture per batch size
+// graph/device_group.hpp        DeviceGroupGraph: one Graph per device, captured together
 //
 // Not included here (each needs a library of its own): <tensorplay/thrust.hpp> (PoolAllocator),
 // <tensorplay/cublas.hpp>, <tensorplay/nccl.hpp>.
@@ -30,6 +31,7 @@
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/buckets.hpp>
 #include <tensorplay/graph/conditional_scope.hpp>
+#include <tensorplay/graph/device_group.hpp>
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/graph/make_graphed.hpp>
 #include <tensorplay/graph/options.hpp>
