@@ -443,7 +443,7 @@ namespace detail {
 //! (graph/executable.hpp names CUDA's instantiation result).
 inline bool is_conditional_body_refusal(std::string_view what) {
   return what.find("a conditional body may hold only") != std::string_view::npos ||
-         what.find(to_string(cudaGraphInstantiateNodeOperationNotSupported)) != std::string_view::npos;
+         what.find(instantiate_result_name(cudaGraphInstantiateNodeOperationNotSupported)) != std::string_view::npos;
 }
 
 //! Runs `f`; turns a conditional-body refusal, while graph mixing support is on, into the

@@ -1,0 +1,179 @@
+// bench/update: the cost of Graph::update against raw capture + cudaGraphExecUpdate and against
+// reset() + capture(); where it goes (capture, update, bookkeeping); replay after an update; and
+// the first replay with and without GraphOptions::upload. One binary, one run, variants measured
+// alternately.
+#include "bench_util.hpp"
+
+#include <tensorplay/graph.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <string>
+#include <vector>
+
+namespace tp = tensorplay;
+
+namespace {
+
+__global__ void add_value(float* x, float value) { *x += value; }
+
+constexpr int sizes[] = {1, 100, 1000};
+
+struct Fixture {
+  tp::Stream stream;
+  tp::DeviceTensor<float> scalar{1, stream};
+  float value = 1.0f;  // changes at every capture: a new parameter to update
+  double last = 0;     // seconds of the last timed operation
+  double last_capture = 0;
+  double last_update = 0;
+
+  void issue(int kernels, cudaStream_t s) {
+    value += 1.0f;
+    for (int k = 0; k < kernels; ++k) add_value<<<1, 1, 0, s>>>(scalar.data(), value);
+  }
+
+  cudaGraph_t raw_capture(int kernels) {
+    cudaGraph_t graph = nullptr;
+    BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    issue(kernels, stream);
+    BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+    return graph;
+  }
+};
+
+Fixture& fixture() {
+  static Fixture f;
+  return f;
+}
+
+// update(): ours, raw capture + cudaGraphExecUpdate (+ destroying the graph it replaces, as
+// update() does), and reset() + capture().
+void update(benchmark::State& state) {
+  auto& f = fixture();
+  const int kernels = sizes[state.range(0)];
+  // Raw: a graph and its executable, updated from new captures.
+  cudaGraph_t raw_graph = f.raw_capture(kernels);
+  cudaGraphExec_t raw_exec = nullptr;
+  BENCH_CUDA(cudaGraphInstantiate(&raw_exec, raw_graph, cudaGraphInstantiateFlagAutoFreeOnLaunch));
+  tp::Graph ours;
+  ours.capture([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
+  tp::Graph recaptured;
+  recaptured.capture([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
+  bench::compare(state,
+                 {{"update",
+                   [&] {
+                     const auto start = bench::Clock::now();
+                     const tp::UpdateResult r = ours.update([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
+                     f.last = bench::seconds_since(start);
+                     if (r.outcome != tp::UpdateOutcome::Updated) std::abort();
+                   }},
+                  {"raw",
+                   [&] {
+                     const auto start = bench::Clock::now();
+                     cudaGraph_t graph = f.raw_capture(kernels);
+                     const auto captured = bench::Clock::now();
+                     cudaGraphExecUpdateResultInfo info{};
+                     BENCH_CUDA(cudaGraphExecUpdate(raw_exec, graph, &info));
+                     const auto updated = bench::Clock::now();
+                     BENCH_CUDA(cudaGraphDestroy(raw_graph));
+                     raw_graph = graph;
+                     f.last = bench::seconds_since(start);
+                     f.last_capture = std::chrono::duration<double>(captured - start).count();
+                     f.last_update = std::chrono::duration<double>(updated - captured).count();
+                   }},
+                  {"reset_capture",
+                   [&] {
+                     const auto start = bench::Clock::now();
+                     recaptured.reset();
+                     recaptured.capture([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
+                     f.last = bench::seconds_since(start);
+                   }},
+                  {"raw_capture_only",
+                   [&] {
+                     f.last = f.last_capture;  // from the last raw run: its capture part
+                   }},
+                  {"raw_update_only", [&] { f.last = f.last_update; }}},
+                 [&](const bench::Variant& v) {
+                   v.run();
+                   return f.last;
+                 });
+  BENCH_CUDA(cudaGraphExecDestroy(raw_exec));
+  BENCH_CUDA(cudaGraphDestroy(raw_graph));
+}
+
+// Host submit of a replay of a graph never updated and of one updated (same work).
+void replay_after_update(benchmark::State& state) {
+  auto& f = fixture();
+  const int kernels = sizes[state.range(0)];
+  tp::Graph before;
+  before.capture([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
+  tp::Graph after;
+  after.capture([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
+  (void)after.update([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
+  const tp::StreamRef stream = f.stream;
+  bench::compare_submit(state, 64, {{"before", [&] { before.replay(stream); }}, {"after", [&] { after.replay(stream); }}});
+}
+
+// The first replay (launch + completion) of a freshly captured graph, with and without upload.
+void first_replay(benchmark::State& state) {
+  auto& f = fixture();
+  const int kernels = sizes[state.range(0)];
+  auto first_launch = [&](bool upload) {
+    tp::Graph graph({.upload = upload});
+    graph.capture([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
+    f.stream.synchronize();  // the upload (if any) is done before timing
+    const auto start = bench::Clock::now();
+    graph.replay(f.stream);
+    f.stream.synchronize();
+    f.last = bench::seconds_since(start);
+  };
+  bench::compare(state, {{"no_upload", [&] { first_launch(false); }}, {"upload", [&] { first_launch(true); }}},
+                 [&](const bench::Variant& v) {
+                   v.run();
+                   return f.last;
+                 });
+}
+
+void register_all() {
+  for (int i = 0; i < 3; ++i) {
+    const int iterations = i == 2 ? 20 : 100;
+    benchmark::RegisterBenchmark("update", update)->Arg(i)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(iterations);
+    benchmark::RegisterBenchmark("replay_after_update", replay_after_update)
+        ->Arg(i)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(i == 2 ? 10 : 50);
+    benchmark::RegisterBenchmark("first_replay", first_replay)->Arg(i)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(iterations);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
+    std::vector<bench::Row> rows;
+    for (int i = 0; i < 3; ++i) {
+      const std::string arg = "/" + std::to_string(i);
+      const std::string kernels = std::to_string(sizes[i]) + " kernel" + (sizes[i] == 1 ? "" : "s");
+      const double ours = r.counters["update" + arg + ":update_us"];
+      const double raw = r.counters["update" + arg + ":raw_us"];
+      const double again = r.counters["update" + arg + ":reset_capture_us"];
+      const double capture = r.counters["update" + arg + ":raw_capture_only_us"];
+      const double patch = r.counters["update" + arg + ":raw_update_only_us"];
+      rows.push_back({kernels + ": update()", ours, "us", ""});
+      rows.push_back({kernels + ": raw capture + cudaGraphExecUpdate", raw, "us", ""});
+      rows.push_back({kernels + ":   of which capture / update", capture, "us", "/ " + std::to_string(patch) + " us"});
+      rows.push_back({kernels + ":   library bookkeeping (update() - raw)", ours - raw, "us", ""});
+      rows.push_back({kernels + ": update() / raw", ours / raw, "x", bench::verdict(ours / raw, 1.05)});
+      rows.push_back({kernels + ": reset() + capture()", again, "us", ""});
+      rows.push_back({kernels + ": update() / (reset() + capture())", ours / again, "x",
+                      sizes[i] == 1000 ? bench::verdict(ours / again, 0.45) : ""});
+      const double before = r.counters["replay_after_update" + arg + ":before_us"];
+      const double after = r.counters["replay_after_update" + arg + ":after_us"];
+      rows.push_back({kernels + ": replay after update / before", after / before, "x", bench::verdict(after / before, 1.02)});
+      const double cold = r.counters["first_replay" + arg + ":no_upload_us"];
+      const double warm = r.counters["first_replay" + arg + ":upload_us"];
+      rows.push_back({kernels + ": first replay (launch + sync), no upload", cold, "us", ""});
+      rows.push_back({kernels + ": first replay (launch + sync), upload", warm, "us", ""});
+    }
+    bench::print_table("bench/update (medians of paired measurements; ratios against raw CUDA in this run)", rows);
+  });
+}
