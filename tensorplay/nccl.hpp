@@ -443,6 +443,7 @@ namespace detail {
 //! (graph/executable.hpp names CUDA's instantiation result).
 inline bool is_conditional_body_refusal(std::string_view what) {
   return what.find("a conditional body may hold only") != std::string_view::npos ||
+         what.find("inside a conditional body") != std::string_view::npos ||
          what.find(instantiate_result_name(cudaGraphInstantiateNodeOperationNotSupported)) != std::string_view::npos;
 }
 

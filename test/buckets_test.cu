@@ -331,7 +331,13 @@ TP_GPU_TEST(shared_executables_give_the_same_results_as_separate_ones) {
     const std::size_t ran = separate.run(n, separate_step.stream);
     BOOST_REQUIRE(shared.run(n, shared_step.stream) == ran);
     const std::vector<float> want = separate_step.y.to_host(separate_step.stream);
-    BOOST_REQUIRE(shared_step.y.to_host(shared_step.stream) == want);
+    const std::vector<float> got = shared_step.y.to_host(shared_step.stream);
+    if (got != want) {
+      std::size_t at = 0;
+      while (got[at] == want[at]) ++at;
+      BOOST_FAIL("step " << t << ", batch " << n << " (bucket " << ran << ", " << shared.executables()
+                         << " shared executables): element " << at << " is " << got[at] << ", separate gives " << want[at]);
+    }
     if (t % 50 == 0) shared_step.expect_ran(input, ran);
   }
   separate.capture_all(separate_step.stream);

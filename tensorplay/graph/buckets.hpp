@@ -426,7 +426,12 @@ class GraphBuckets {
   // Makes slot s run bucket i's graph. False when CUDA refuses (slot s is unchanged then).
   bool load(std::size_t s, std::size_t i, const tensorplay::source_location& where) {
     UpdateResult result;
-    if (!slots_[s].exec.try_update(buckets_[i].unit.native_graph(), result, where)) return false;
+    if (!slots_[s].exec.try_update(buckets_[i].unit.native_graph(), result, where)) {
+      // A refused update may have patched some nodes already: the slot holds no bucket's work
+      // for sure now, and is loaded again before its next launch.
+      slots_[s].loaded = none;
+      return false;
+    }
     slots_[s].loaded = i;
     return true;
   }

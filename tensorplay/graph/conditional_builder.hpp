@@ -307,7 +307,15 @@ inline cudaGraphNode_t copy_node(cudaGraphNode_t node, cudaGraph_t to, const ten
     case cudaGraphNodeTypeGraph: {
       cudaGraph_t child = nullptr;
       TENSORPLAY_CHECK(cudaGraphChildGraphNodeGetGraph(node, &child), where);
-      TENSORPLAY_CHECK(cudaGraphAddChildGraphNode(&copy, to, nullptr, 0, child), where);
+      if (const cudaError_t status = cudaGraphAddChildGraphNode(&copy, to, nullptr, 0, child); status != cudaSuccess) {
+        (void)cudaGetLastError();
+        // Seen with a replayed graph of NCCL collectives: CUDA accepts the collectives in the
+        // body directly, not inside a child graph.
+        if (status == cudaErrorNotSupported)
+          throw_usage("CUDA does not accept this child graph (a replayed Graph) inside a conditional body "
+                      "(cudaGraphAddChildGraphNode: operation not supported); capture its work into the body directly");
+        check(status, "cudaGraphAddChildGraphNode", where);
+      }
       return copy;
     }
     default:
