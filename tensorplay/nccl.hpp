@@ -55,7 +55,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <source_location>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -76,13 +75,13 @@ namespace tensorplay {
 //! NCCL_DEBUG=WARN for details)) at main.cu:42`.
 class nccl_error : public std::runtime_error {
  public:
-  nccl_error(ncclResult_t status, std::string_view call, std::source_location where)
+  nccl_error(ncclResult_t status, std::string_view call, tensorplay::source_location where)
       : std::runtime_error(describe(status, call, where)), status_(status), where_(where) {}
 
   //! The result the failing call returned.
   [[nodiscard]] ncclResult_t status() const noexcept { return status_; }
   //! Where the caller asked for the failing call.
-  [[nodiscard]] const std::source_location& where() const noexcept { return where_; }
+  [[nodiscard]] const tensorplay::source_location& where() const noexcept { return where_; }
 
   //! The enumerator's name: "ncclInvalidUsage".
   [[nodiscard]] static constexpr std::string_view name(ncclResult_t status) noexcept {
@@ -100,7 +99,7 @@ class nccl_error : public std::runtime_error {
   }
 
  private:
-  static std::string describe(ncclResult_t status, std::string_view call, std::source_location where) {
+  static std::string describe(ncclResult_t status, std::string_view call, tensorplay::source_location where) {
     std::string text(call);
     text += " failed: ";
     text += name(status);
@@ -120,13 +119,13 @@ class nccl_error : public std::runtime_error {
   }
 
   ncclResult_t status_;
-  std::source_location where_;
+  tensorplay::source_location where_;
 };
 
 namespace detail {
 
 //! Throws `nccl_error` when `status` is not ncclSuccess.
-inline void check_nccl(ncclResult_t status, const char* call, const std::source_location& where) {
+inline void check_nccl(ncclResult_t status, const char* call, const tensorplay::source_location& where) {
   if (status != ncclSuccess) [[unlikely]]
     throw nccl_error(status, call, where);
 }
@@ -182,19 +181,19 @@ class Communicator {
   operator ncclComm_t() const noexcept { return comm_; }  // NOLINT: implicit by design, like StreamRef
 
   //! This communicator's rank. \throws nccl_error
-  [[nodiscard]] int rank(std::source_location where = std::source_location::current()) const {
+  [[nodiscard]] int rank(tensorplay::source_location where = tensorplay::source_location::current()) const {
     int rank = 0;
     detail::check_nccl(ncclCommUserRank(comm_, &rank), "ncclCommUserRank", where);
     return rank;
   }
   //! Number of ranks. \throws nccl_error
-  [[nodiscard]] int size(std::source_location where = std::source_location::current()) const {
+  [[nodiscard]] int size(tensorplay::source_location where = tensorplay::source_location::current()) const {
     int count = 0;
     detail::check_nccl(ncclCommCount(comm_, &count), "ncclCommCount", where);
     return count;
   }
   //! The CUDA device this rank runs on. \throws nccl_error
-  [[nodiscard]] int device(std::source_location where = std::source_location::current()) const {
+  [[nodiscard]] int device(tensorplay::source_location where = tensorplay::source_location::current()) const {
     int device = 0;
     detail::check_nccl(ncclCommCuDevice(comm_, &device), "ncclCommCuDevice", where);
     return device;
@@ -218,7 +217,7 @@ class Communicator {
 //! them from one thread with grouped calls (group(), or ncclGroupStart/ncclGroupEnd).
 //! \throws usage_error for an empty list; nccl_error when NCCL refuses.
 [[nodiscard]] inline std::vector<std::shared_ptr<Communicator>> init_clique(
-    std::span<const int> devices, std::source_location where = std::source_location::current()) {
+    std::span<const int> devices, tensorplay::source_location where = tensorplay::source_location::current()) {
   if (devices.empty()) detail::throw_usage("nccl::init_clique: the device list is empty");
   std::vector<ncclComm_t> raw(devices.size(), nullptr);
   std::vector<std::shared_ptr<Communicator>> comms;
@@ -252,7 +251,7 @@ class UniqueId {
   UniqueId() noexcept = default;
 
   //! A new id (ncclGetUniqueId), on the rank that starts the communicator. \throws nccl_error
-  [[nodiscard]] static UniqueId generate(std::source_location where = std::source_location::current()) {
+  [[nodiscard]] static UniqueId generate(tensorplay::source_location where = tensorplay::source_location::current()) {
     UniqueId id;
     detail::check_nccl(ncclGetUniqueId(&id.id_), "ncclGetUniqueId", where);
     return id;
@@ -325,7 +324,7 @@ inline void write_unique_id(const UniqueId& id, const std::filesystem::path& pat
 //! \throws as generate(), write_unique_id() and read_unique_id().
 [[nodiscard]] inline UniqueId exchange_unique_id(const std::filesystem::path& path, int rank,
                                                  std::chrono::milliseconds timeout,
-                                                 std::source_location where = std::source_location::current()) {
+                                                 tensorplay::source_location where = tensorplay::source_location::current()) {
   if (rank != 0) return read_unique_id(path, timeout);
   UniqueId id = UniqueId::generate(where);
   write_unique_id(id, path);
@@ -337,7 +336,7 @@ inline void write_unique_id(const UniqueId& id, const std::filesystem::path& pat
 //! The calling thread's current device is kept.
 //! \throws usage_error for a rank outside [0, nranks); nccl_error when NCCL refuses.
 [[nodiscard]] inline std::shared_ptr<Communicator> init_rank(const UniqueId& id, int nranks, int rank, int device,
-                                                             std::source_location where = std::source_location::current()) {
+                                                             tensorplay::source_location where = tensorplay::source_location::current()) {
   if (nranks < 1 || rank < 0 || rank >= nranks)
     detail::throw_usage("nccl::init_rank: rank " + std::to_string(rank) + " is outside [0, " + std::to_string(nranks) + ")");
   detail::KeepCurrentDevice keep;
@@ -355,7 +354,7 @@ inline void write_unique_id(const UniqueId& id, const std::filesystem::path& pat
 //! what the group issued is abandoned with the capture.
 //! \throws nccl_error when NCCL refuses to start or end the group.
 template <class F>
-void group(F&& f, std::source_location where = std::source_location::current()) {
+void group(F&& f, tensorplay::source_location where = tensorplay::source_location::current()) {
   detail::check_nccl(ncclGroupStart(), "ncclGroupStart", where);
   try {
     f();
@@ -374,7 +373,7 @@ void group(F&& f, std::source_location where = std::source_location::current()) 
 //! \throws usage_error when comms.size() differs from the group's size, a communicator is null,
 //!         or comms[i] runs on another device than devices()[i].
 inline void retain(DeviceGroupGraph& group, std::span<const std::shared_ptr<Communicator>> comms,
-                   std::source_location where = std::source_location::current()) {
+                   tensorplay::source_location where = tensorplay::source_location::current()) {
   if (comms.size() != group.size())
     detail::throw_usage("nccl::retain: " + std::to_string(comms.size()) + " communicator(s) for " +
                         std::to_string(group.size()) + " device(s); give one per device, in the order of devices()");
@@ -481,7 +480,7 @@ namespace nccl {
 //! \throws what DeviceGroupGraph::capture and retain() throw.
 template <class F>
 void capture(DeviceGroupGraph& group, std::span<const std::shared_ptr<Communicator>> comms, F&& body,
-             std::source_location where = std::source_location::current()) {
+             tensorplay::source_location where = tensorplay::source_location::current()) {
   detail::explaining_conditional_refusal([&] { group.capture(body, where); });
   try {
     retain(group, comms, where);
@@ -496,7 +495,7 @@ void capture(DeviceGroupGraph& group, std::span<const std::shared_ptr<Communicat
 //! graph is left reset.
 template <class F>
 void capture(Graph& graph, std::shared_ptr<Communicator> comm, F&& body, const CaptureOptions& options = {},
-             std::source_location where = std::source_location::current()) {
+             tensorplay::source_location where = tensorplay::source_location::current()) {
   if (!comm || comm->get() == nullptr) detail::throw_usage("nccl::capture: the communicator is null");
   detail::explaining_conditional_refusal([&] { graph.capture(body, options, where); });
   try {

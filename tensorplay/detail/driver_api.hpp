@@ -28,6 +28,7 @@ struct DriverKernelNodeParams {
 
 class DriverApi {
  public:
+  using StreamIsCapturing = int (*)(cudaStream_t, cudaStreamCaptureStatus*);
   using GetKernelParams = int (*)(cudaGraphNode_t, DriverKernelNodeParams*);
   using AddKernelNode = int (*)(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, std::size_t,
                                 const DriverKernelNodeParams*);
@@ -37,11 +38,13 @@ class DriverApi {
     return api;
   }
 
+  StreamIsCapturing stream_is_capturing = nullptr;
   GetKernelParams kernel_node_get_params = nullptr;
   AddKernelNode add_kernel_node = nullptr;
 
  private:
   explicit DriverApi(const tensorplay::source_location& where) {
+    resolve("cuStreamIsCapturing", stream_is_capturing, where);
     resolve("cuGraphKernelNodeGetParams", kernel_node_get_params, where);
     resolve("cuGraphAddKernelNode", add_kernel_node, where);
   }
@@ -58,6 +61,16 @@ class DriverApi {
     out = reinterpret_cast<F>(fn);
   }
 };
+
+//! Whether `stream` is capturing, asked of the driver directly: Graph::replay asks before every
+//! launch, and the runtime's wrapper of the same query costs as much again. CUstreamCaptureStatus
+//! and cudaStreamCaptureStatus have the same values. False when the driver cannot tell.
+inline bool stream_is_capturing(cudaStream_t stream, const tensorplay::source_location& where) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  // The runtime's legacy and per-thread handles mean the same to the driver.
+  if (DriverApi::get(where).stream_is_capturing(stream, &status) != 0) return false;
+  return status != cudaStreamCaptureStatusNone;
+}
 
 //! Runs a driver call; throws cuda_error naming it when it fails (CUresult codes share their
 //! values with cudaError_t for the errors these calls return).

@@ -10,11 +10,13 @@
 #include <tensorplay/config.hpp>
 #include <tensorplay/version.hpp>
 
+#include <cuda_runtime_api.h>
 #include <pthread.h>
 
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -52,6 +54,12 @@ class Reaper {
     r.pending_.notify_all();
   }
 
+  //! Destroys `object` on the reaper thread (an object whose destruction the caller need not wait for).
+  template <class T>
+  static void destroy_later(T&& object) {
+    enqueue(new RetainedValue<std::remove_cvref_t<T>>(std::forward<T>(object)));
+  }
+
   //! Blocks until every object handed over so far is destroyed.
   void drain() noexcept {
     for (unsigned left = pending_.load(std::memory_order_acquire); left != 0; left = pending_.load(std::memory_order_acquire))
@@ -66,6 +74,10 @@ class Reaper {
 
   static void* run(void* self) {
     auto* reaper = static_cast<Reaper*>(self);
+    // Relaxed capture mode for good: what this thread destroys (graphs, retained objects) must
+    // never invalidate a capture running on another thread.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
     std::vector<RetainedBox*> batch;
     for (;;) {
       reaper->pending_.wait(0, std::memory_order_acquire);

@@ -121,16 +121,8 @@ std::span<element_t<T>> front_of(const T& t, std::size_t count) noexcept {
 template <class... S, class... I>
 void stage_by_copies(const std::tuple<S...>& statics, const std::tuple<I&...>& inputs, int device, cudaStream_t stream,
                      const tensorplay::source_location& where) {
-  constexpr std::size_t n = sizeof...(S);
-  std::array<StagePlan, n> plans;
-  std::array<ByteRange, n> static_ranges;
-  std::array<ByteRange, n> input_ranges;
-  [&]<std::size_t... k>(std::index_sequence<k...>) {
-    ((plans[k] = plan_pair(k, std::get<k>(statics), std::get<k>(inputs), device, where),
-      static_ranges[k] = byte_range(std::get<k>(statics)), input_ranges[k] = byte_range(std::get<k>(inputs))),
-     ...);
-  }(std::index_sequence_for<S...>{});
-  check_overlaps(static_ranges, input_ranges, plans);
+  StaticOrder order;  // these statics are views made for this call: nothing to keep
+  const auto plans = plan_pairs(statics, inputs, device, order, where);
   [&]<std::size_t... k>(std::index_sequence<k...>) {
     (
         [&] {

@@ -13,6 +13,7 @@
 #include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/driver_api.hpp>
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/detail/stream_lifetime.hpp>
 #include <tensorplay/detail/thread_streams.hpp>
@@ -58,7 +59,7 @@ class CaptureSession final : public CaptureOwner {
   //!         busy with another capture; cuda_error when CUDA refuses.
   void begin(cudaStream_t stream, int device, cudaStreamCaptureMode mode, std::shared_ptr<PoolImpl> pool,
              const tensorplay::source_location& where) {
-    if (is_capturing_or_false(stream))
+    if (stream_is_capturing(stream, where))
       throw_usage("capture_begin: the stream is already being captured (nested captures need their own stream)");
     check(begin_capture(stream, mode), "cudaStreamBeginCapture", where);
     // The capture's sequence id: a pool of the graph's must know it now; otherwise it is asked of

@@ -18,7 +18,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <source_location>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -107,7 +106,7 @@ class DeviceGroupGraph {
   //! and the exception propagates; the group can capture again.
   //! \throws usage_error when the group already holds captured graphs (reset() first).
   template <class F>
-  void capture(F&& body, std::source_location where = std::source_location::current()) {
+  void capture(F&& body, tensorplay::source_location where = tensorplay::source_location::current()) {
     std::vector<StreamRef> streams = own_streams(where);
     capture_on(body, streams, where);
   }
@@ -115,7 +114,7 @@ class DeviceGroupGraph {
   //! capture() on your streams: streams[i] (of device devices()[i]) for devices()[i].
   //! \throws usage_error when streams.size() differs from devices().size().
   template <class F>
-  void capture(F&& body, std::span<const StreamRef> streams, std::source_location where = std::source_location::current()) {
+  void capture(F&& body, std::span<const StreamRef> streams, tensorplay::source_location where = tensorplay::source_location::current()) {
     require_size("capture", streams.size());
     capture_on(body, streams, where);
   }
@@ -123,14 +122,14 @@ class DeviceGroupGraph {
   //! Launches each device's graph, graphs()[i] on streams[i], in the order of devices(); the
   //! host does not wait. streams[i] must belong to devices()[i].
   //! \throws usage_error when streams.size() differs from devices().size(), or before a capture.
-  void replay(std::span<const StreamRef> streams, std::source_location where = std::source_location::current()) {
+  void replay(std::span<const StreamRef> streams, tensorplay::source_location where = tensorplay::source_location::current()) {
     require_size("replay", streams.size());
     require_instantiated("replay");
     for_each_on_device([&](std::size_t i) { graphs_[i].replay(streams[i], where); }, where);
   }
 
   //! Launches each device's graph on this thread's current stream of its device.
-  void replay(std::source_location where = std::source_location::current()) {
+  void replay(tensorplay::source_location where = tensorplay::source_location::current()) {
     require_instantiated("replay");
     for_each_on_device([&](std::size_t i) { graphs_[i].replay(where); }, where);
   }
@@ -158,7 +157,7 @@ class DeviceGroupGraph {
 
   //! The group's own stream for `device` (made on first use): where capture() captures, and a
   //! convenient stream to replay on.
-  [[nodiscard]] StreamRef stream(int device, std::source_location where = std::source_location::current()) {
+  [[nodiscard]] StreamRef stream(int device, tensorplay::source_location where = tensorplay::source_location::current()) {
     return own_streams(where)[index_of(device)];
   }
 
@@ -177,7 +176,7 @@ class DeviceGroupGraph {
 
  private:
   template <class F>
-  void capture_on(F& body, std::span<const StreamRef> streams, const std::source_location& where) {
+  void capture_on(F& body, std::span<const StreamRef> streams, const tensorplay::source_location& where) {
     if (is_capturing()) detail::throw_usage("DeviceGroupGraph::capture: a capture of this group is already open");
     for (const Graph& graph : graphs_)
       if (graph.native_graph() != nullptr)
@@ -206,7 +205,7 @@ class DeviceGroupGraph {
   }
 
   template <class F>
-  void run_body(F& body, std::span<const StreamRef> streams, const std::source_location& where) {
+  void run_body(F& body, std::span<const StreamRef> streams, const tensorplay::source_location& where) {
     if constexpr (std::is_invocable_v<F&, std::span<const StreamRef>>) {
       body(streams);
     } else {
@@ -221,7 +220,7 @@ class DeviceGroupGraph {
   // to the current device's context), then makes the caller's device current again (also if f
   // switched devices itself). Switches only when the device changes.
   template <class F>
-  void for_each_on_device(F&& f, const std::source_location& where) {
+  void for_each_on_device(F&& f, const tensorplay::source_location& where) {
     struct Restore {
       int home;
       ~Restore() {
@@ -239,7 +238,7 @@ class DeviceGroupGraph {
     }
   }
 
-  std::vector<StreamRef> own_streams(const std::source_location& where) {
+  std::vector<StreamRef> own_streams(const tensorplay::source_location& where) {
     while (streams_.size() < devices_.size()) streams_.emplace_back(devices_[streams_.size()], where);
     return {streams_.begin(), streams_.end()};
   }

@@ -2,6 +2,7 @@
 // gives when it refuses), upload, and in-place update.
 #pragma once
 
+#include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/handles.hpp>
@@ -56,9 +57,11 @@ class Executable {
       params.uploadStream = *upload_stream;
     }
     cudaGraphExec_t exec = nullptr;
-    // Relaxed: CUDA refuses instantiation on a thread with another capture open (thread_local
-    // mode), or while any capture runs (global mode), though it does not disturb the capture.
-    RelaxedCaptureMode relaxed;
+    // Relaxed while tensorplay captures are open: CUDA refuses instantiation on a thread with
+    // another capture open (thread_local mode), or while any capture runs (global mode), though
+    // it does not disturb the capture. (Two mode switches cost a tenth of a microsecond.)
+    std::optional<RelaxedCaptureMode> relaxed;
+    if (CaptureRegistry::instance().any_open()) relaxed.emplace();
     const cudaError_t status = detail::instantiate(&exec, graph, &params);
     if (status != cudaSuccess) {
       if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
@@ -80,7 +83,8 @@ class Executable {
   //! \throws cuda_error for failures other than a refusal.
   bool try_update(cudaGraph_t graph, UpdateResult& result, const tensorplay::source_location& where) {
     cudaGraphExecUpdateResultInfo info{};
-    RelaxedCaptureMode relaxed;  // as for instantiate
+    std::optional<RelaxedCaptureMode> relaxed;  // as for instantiate
+    if (CaptureRegistry::instance().any_open()) relaxed.emplace();
     const cudaError_t status = exec_update(exec_.get(), graph, &info);
     result.reason = info.result;
     result.error_node = node_type_of(info.errorNode);

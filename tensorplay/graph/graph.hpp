@@ -10,6 +10,7 @@
 
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/driver_api.hpp>
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/detail/thread_streams.hpp>
 #include <tensorplay/error.hpp>
@@ -160,7 +161,7 @@ class Graph {
   //! graph keeps what this one needs (its pool, its retained objects) for as long as it lives.
   void replay(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) {
     require_executable("replay", where);
-    if (detail::is_capturing_or_false(stream.get())) [[unlikely]]
+    if (detail::stream_is_capturing(stream.get(), where)) [[unlikely]]
       return add_to_capture(stream.get(), where);
     if (staging_ && staging_->node.enabled()) [[unlikely]]
       staging_->node.disable(exec_.get(), where);
@@ -361,17 +362,7 @@ class Graph {
     if constexpr (sizeof...(S) == sizeof...(I)) {
       static_assert((detail::check_stage_pair<std::remove_cvref_t<S>, std::remove_cvref_t<I>>() && ...));
       require_executable("stage_and_launch", where);
-      constexpr std::size_t n = sizeof...(S);
-      std::array<detail::StagePlan, n> plans;
-      std::array<detail::ByteRange, n> static_ranges;
-      std::array<detail::ByteRange, n> input_ranges;
-      [&]<std::size_t... k>(std::index_sequence<k...>) {
-        ((plans[k] = detail::plan_pair(k, std::get<k>(static_inputs), std::get<k>(inputs), device_, where),
-          static_ranges[k] = detail::byte_range(std::get<k>(static_inputs)),
-          input_ranges[k] = detail::byte_range(std::get<k>(inputs))),
-         ...);
-      }(std::index_sequence_for<S...>{});
-      detail::check_overlaps(static_ranges, input_ranges, plans);
+      const auto plans = detail::plan_pairs(static_inputs, inputs, device_, static_order_, where);
 
       std::size_t batched = 0;
       for (const detail::StagePlan& plan : plans) batched += plan.kind == detail::StageKind::Batched;
@@ -503,7 +494,9 @@ class Graph {
       exec_.reset();
       exec_.instantiate(graph.get(), std::nullopt, where);
     }
-    graph_ = std::move(graph);
+    // The graph replaced is destroyed on tensorplay's reaper thread: cudaGraphDestroy of a
+    // large graph costs a tenth of a millisecond per thousand nodes, which the caller need not wait for.
+    detail::Reaper::destroy_later(std::exchange(graph_, std::move(graph)));
     has_conditionals_ = capturing_conditionals_;
     return result;
   }
@@ -625,6 +618,7 @@ class Graph {
   detail::GraphHandle origin_;  // the graph exec_ was compiled from, kept while update() replaced graph_
                                 // and the copy node (named by this graph) is in use
   detail::RetainedObjects retained_;
+  detail::StaticOrder static_order_;  // stage_and_launch's static buffers, sorted (staging.hpp)
   int device_ = -1;
   int capture_device_ = -1;
   CaptureErrorMode mode_ = CaptureErrorMode::Global;

@@ -26,7 +26,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace tensorplay::detail {
 
@@ -166,26 +169,42 @@ ByteRange byte_range(const T& t) noexcept {
   }
 }
 
+//! The static buffers of the last stage_and_launch, sorted by address: most calls stage onto the
+//! same buffers, so check_overlaps sorts them only when they change.
+struct StaticOrder {
+  std::vector<ByteRange> statics;  // in pair order, as last checked
+  std::vector<std::size_t> order;  // pair indices by address
+};
+
 //! Refuses, before anything is issued, pairs whose copies would read what another copy writes:
 //! static buffers that overlap each other, and inputs that overlap any static buffer (except an
 //! input that is its own static buffer, planned as Skip). The static buffers are sorted by
-//! address, so each input costs a binary search: staging many inputs stays cheap.
+//! address (once, while they stay the same), so each input costs a binary search.
 template <std::size_t N>
 void check_overlaps(const std::array<ByteRange, N>& statics, const std::array<ByteRange, N>& inputs,
-                    const std::array<StagePlan, N>& plans) {
-  std::array<std::size_t, N> order{};
-  for (std::size_t i = 0; i < N; ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return statics[a].begin < statics[b].begin; });
-  for (std::size_t k = 1; k < N; ++k)
-    if (statics[order[k - 1]].overlaps(statics[order[k]]))
-      throw_usage("stage_and_launch: pairs " + std::to_string(order[k - 1]) + " and " + std::to_string(order[k]) +
-                  " name overlapping static buffers (the same buffer twice?)");
+                    const std::array<StagePlan, N>& plans, StaticOrder& cache) {
+  const bool same = cache.statics.size() == N && std::equal(statics.begin(), statics.end(), cache.statics.begin(),
+                                                            [](const ByteRange& a, const ByteRange& b) {
+                                                              return a.begin == b.begin && a.end == b.end;
+                                                            });
+  if (!same) {
+    std::vector<std::size_t> order(N);
+    for (std::size_t i = 0; i < N; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return statics[a].begin < statics[b].begin; });
+    for (std::size_t k = 1; k < N; ++k)
+      if (statics[order[k - 1]].overlaps(statics[order[k]]))
+        throw_usage("stage_and_launch: pairs " + std::to_string(order[k - 1]) + " and " + std::to_string(order[k]) +
+                    " name overlapping static buffers (the same buffer twice?)");
+    cache.statics.assign(statics.begin(), statics.end());
+    cache.order = std::move(order);
+  }
+  const std::vector<std::size_t>& order = cache.order;
   for (std::size_t i = 0; i < N; ++i) {
     if (plans[i].kind == StageKind::Skip || inputs[i].empty()) continue;
     // The first static buffer (by address) that ends after the input begins: the only one that
     // can overlap it, since the static buffers do not overlap each other.
-    const auto* it = std::partition_point(order.begin(), order.end(),
-                                          [&](std::size_t j) { return statics[j].end <= inputs[i].begin; });
+    const auto it = std::partition_point(order.begin(), order.end(),
+                                         [&](std::size_t j) { return statics[j].end <= inputs[i].begin; });
     if (it == order.end() || !statics[*it].overlaps(inputs[i])) continue;
     if (*it == i)
       throw_usage(pair_name(i) + ": the input overlaps its own static buffer (the copy would read what it writes); "
@@ -193,6 +212,23 @@ void check_overlaps(const std::array<ByteRange, N>& statics, const std::array<By
     throw_usage(pair_name(i) + ": the input overlaps the static buffer of pair " + std::to_string(*it) +
                 " (a copy would read what another writes)");
   }
+}
+
+//! Checks and plans every (static buffer, input) pair of one call, before anything is issued.
+template <class StaticTuple, class InputTuple>
+auto plan_pairs(const StaticTuple& statics, const InputTuple& inputs, int device, StaticOrder& cache,
+                const tensorplay::source_location& where) {
+  constexpr std::size_t n = std::tuple_size_v<StaticTuple>;
+  std::array<StagePlan, n> plans;
+  std::array<ByteRange, n> static_ranges;
+  std::array<ByteRange, n> input_ranges;
+  [&]<std::size_t... k>(std::index_sequence<k...>) {
+    ((plans[k] = plan_pair(k, std::get<k>(statics), std::get<k>(inputs), device, where),
+      static_ranges[k] = byte_range(std::get<k>(statics)), input_ranges[k] = byte_range(std::get<k>(inputs))),
+     ...);
+  }(std::make_index_sequence<n>{});
+  check_overlaps(static_ranges, input_ranges, plans, cache);
+  return plans;
 }
 
 //! Launches the gather/convert kernel: dst[i] = To(src element i), src described by `layout`.

@@ -137,7 +137,10 @@ host_copts_setting = rule(
 )
 
 # $1.. are the arguments; Bazel passes an empty $0 for run_shell with arguments.
-_NVCC = '"${CUDA_PATH:-/usr/local/cuda}/bin/nvcc"'
+# nvcc names its temporary files after its process id. In Bazel's linux-sandbox every action
+# runs as pid 2 of its own pid namespace while /tmp is shared, so two nvcc actions at once
+# collided ("cannot open source file /tmp/tmpxft_00000002_..."): each gets its own TMPDIR.
+_NVCC = 'TMPDIR="$(mktemp -d "${TMPDIR:-/tmp}/nvcc.XXXXXXXX")" && trap \'rm -rf "$TMPDIR"\' EXIT && export TMPDIR && "${CUDA_PATH:-/usr/local/cuda}/bin/nvcc"'
 
 # ---------------------------------------------------------------------------
 # GPU targets: the build setting //tools/bazel:cuda_archs
