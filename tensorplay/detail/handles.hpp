@@ -6,6 +6,8 @@
 // the rule of zero.
 #pragma once
 
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/device.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
@@ -52,8 +54,22 @@ class UniqueHandle {
 
 inline cudaError_t release_user_object(cudaUserObject_t object) noexcept { return cudaUserObjectRelease(object, 1); }
 
-using GraphHandle = UniqueHandle<cudaGraph_t, &cudaGraphDestroy>;
-using ExecHandle = UniqueHandle<cudaGraphExec_t, &cudaGraphExecDestroy>;
+// Graphs and executables may die while a capture is open (a Graph overwritten by another one
+// inside a capture body): CUDA counts their destruction as a call a global-mode capture refuses,
+// which would invalidate that capture. Destroyed in relaxed capture mode then.
+inline cudaError_t destroy_graph(cudaGraph_t graph) noexcept {
+  if (!CaptureRegistry::instance().any_open()) return cudaGraphDestroy(graph);
+  RelaxedCaptureMode relaxed;
+  return cudaGraphDestroy(graph);
+}
+inline cudaError_t destroy_exec(cudaGraphExec_t exec) noexcept {
+  if (!CaptureRegistry::instance().any_open()) return cudaGraphExecDestroy(exec);
+  RelaxedCaptureMode relaxed;
+  return cudaGraphExecDestroy(exec);
+}
+
+using GraphHandle = UniqueHandle<cudaGraph_t, &destroy_graph>;
+using ExecHandle = UniqueHandle<cudaGraphExec_t, &destroy_exec>;
 using EventHandle = UniqueHandle<cudaEvent_t, &cudaEventDestroy>;
 //! One reference to a user object (cudaUserObjectRelease of one reference on destruction).
 using UserObjectRef = UniqueHandle<cudaUserObject_t, &release_user_object>;

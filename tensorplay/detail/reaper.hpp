@@ -54,12 +54,6 @@ class Reaper {
     r.pending_.notify_all();
   }
 
-  //! Destroys `object` on the reaper thread (an object whose destruction the caller need not wait for).
-  template <class T>
-  static void destroy_later(T&& object) {
-    enqueue(new RetainedValue<std::remove_cvref_t<T>>(std::forward<T>(object)));
-  }
-
   //! Blocks until every object handed over so far is destroyed.
   void drain() noexcept {
     for (unsigned left = pending_.load(std::memory_order_acquire); left != 0; left = pending_.load(std::memory_order_acquire))

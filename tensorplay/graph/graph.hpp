@@ -494,9 +494,7 @@ class Graph {
       exec_.reset();
       exec_.instantiate(graph.get(), std::nullopt, where);
     }
-    // The graph replaced is destroyed on tensorplay's reaper thread: cudaGraphDestroy of a
-    // large graph costs a tenth of a millisecond per thousand nodes, which the caller need not wait for.
-    detail::Reaper::destroy_later(std::exchange(graph_, std::move(graph)));
+    graph_ = std::move(graph);
     has_conditionals_ = capturing_conditionals_;
     return result;
   }
