@@ -288,6 +288,9 @@ class PoolImpl {
     std::size_t bytes = 0;
     {
       std::lock_guard lock(mutex_);
+      // Blocks waiting for events (their streams were destroyed, or used them last) are free once
+      // the events completed; without this poll they would keep their segments at exit.
+      if (!pending_.empty()) poll_pending();
       // A segment is unused when all its blocks are free, whatever their stream keys:
       // cudaFree waits for all work on the device, so no stream order is left to respect.
       std::erase_if(segments_, [&](Block* head) {
