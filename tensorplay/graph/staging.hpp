@@ -101,39 +101,62 @@ consteval bool check_stage_pair() {
 
 inline std::string pair_name(std::size_t index) { return "stage_and_launch: pair " + std::to_string(index); }
 
-//! Checks one pair and decides how to move it. Throws usage_error; issues nothing.
+//! What planning needs to know of one pair. Gathered per pair type (facts_of), then judged by
+//! one loop (classify): the per-pair code that every call runs stays small, whatever the arity.
+struct PairFacts {
+  std::size_t n = 0;      // elements of the static buffer
+  std::size_t src_n = 0;  // elements of the input
+  Placement target;
+  Placement source;
+  bool identical = false;  // the input is the static buffer itself (same type, same address)
+  bool same_type = false;
+  bool dense = false;      // the input is contiguous
+};
+
 template <class S, class I>
-StagePlan plan_pair(std::size_t index, const S& dst, const I& src, int device, const tensorplay::source_location& where) {
-  using To = element_t<S>;
-  using From = element_t<I>;
-  const std::size_t n = tensor_size(dst);
-  if (tensor_size(src) != n)
-    throw_usage(pair_name(index) + ": the input has " + std::to_string(tensor_size(src)) +
-                " elements but its static buffer has " + std::to_string(n));
-  if (n == 0) return {};
-  const Placement target = placement_of(dst, where);
-  const bool on_graph_device = (target.kind == Placement::Device && target.device == device) || target.kind == Placement::Managed;
-  if (!on_graph_device)
-    throw_usage(pair_name(index) + ": the static buffer is not device memory of the graph's device " + std::to_string(device));
-  if constexpr (std::same_as<To, From> && ContiguousTensor<I>) {
-    if (static_cast<const void*>(tensor_data(src)) == static_cast<const void*>(tensor_data(dst))) return {};
-  }
-  constexpr bool same = std::same_as<To, From>;
-  constexpr bool dense = ContiguousTensor<I>;
-  const Placement source = placement_of(src, where);
-  switch (source.kind) {
+PairFacts facts_of(const S& dst, const I& src, const tensorplay::source_location& where) {
+  PairFacts f;
+  f.n = tensor_size(dst);
+  f.src_n = tensor_size(src);
+  if (f.n == 0 || f.n != f.src_n) return f;  // classify decides without placements
+  f.same_type = std::same_as<element_t<S>, element_t<I>>;
+  f.dense = ContiguousTensor<I>;
+  f.target = placement_of(dst, where);
+  if constexpr (std::same_as<element_t<S>, element_t<I>> && ContiguousTensor<I>)
+    f.identical = static_cast<const void*>(tensor_data(src)) == static_cast<const void*>(tensor_data(dst));
+  if (!f.identical) f.source = placement_of(src, where);
+  return f;
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_pair(std::size_t index, const std::string& what) {
+  throw_usage(pair_name(index) + ": " + what);
+}
+
+//! Checks one pair and decides how to move it. Throws usage_error; issues nothing.
+inline StagePlan classify(std::size_t index, const PairFacts& f, int device) {
+  if (f.src_n != f.n) [[unlikely]]
+    throw_pair(index, "the input has " + std::to_string(f.src_n) + " elements but its static buffer has " + std::to_string(f.n));
+  if (f.n == 0) return {};
+  const bool on_graph_device =
+      (f.target.kind == Placement::Device && f.target.device == device) || f.target.kind == Placement::Managed;
+  if (!on_graph_device) [[unlikely]]
+    throw_pair(index, "the static buffer is not device memory of the graph's device " + std::to_string(device));
+  if (f.identical) return {};
+  switch (f.source.kind) {
     case Placement::Device:
-      if (source.device != device) {
-        if (!dense) throw_usage(pair_name(index) + ": a strided input on another GPU is not supported; make it contiguous");
-        return {same ? StageKind::Peer : StageKind::PeerConvert, source.device};
+      if (f.source.device != device) {
+        if (!f.dense) [[unlikely]]
+          throw_pair(index, "a strided input on another GPU is not supported; make it contiguous");
+        return {f.same_type ? StageKind::Peer : StageKind::PeerConvert, f.source.device};
       }
       [[fallthrough]];
     case Placement::Managed:
-      return {same && dense ? StageKind::Batched : StageKind::Convert, device};
+      return {f.same_type && f.dense ? StageKind::Batched : StageKind::Convert, device};
     case Placement::PinnedHost:
     case Placement::PageableHost:
-      if (!dense) throw_usage(pair_name(index) + ": a strided input in host memory is not supported; make it contiguous");
-      return {same ? StageKind::Host : StageKind::HostConvert, -1};
+      if (!f.dense) [[unlikely]]
+        throw_pair(index, "a strided input in host memory is not supported; make it contiguous");
+      return {f.same_type ? StageKind::Host : StageKind::HostConvert, -1};
   }
   return {};
 }
@@ -219,14 +242,16 @@ template <class StaticTuple, class InputTuple>
 auto plan_pairs(const StaticTuple& statics, const InputTuple& inputs, int device, StaticOrder& cache,
                 const tensorplay::source_location& where) {
   constexpr std::size_t n = std::tuple_size_v<StaticTuple>;
-  std::array<StagePlan, n> plans;
+  std::array<PairFacts, n> facts;
   std::array<ByteRange, n> static_ranges;
   std::array<ByteRange, n> input_ranges;
   [&]<std::size_t... k>(std::index_sequence<k...>) {
-    ((plans[k] = plan_pair(k, std::get<k>(statics), std::get<k>(inputs), device, where),
+    ((facts[k] = facts_of(std::get<k>(statics), std::get<k>(inputs), where),
       static_ranges[k] = byte_range(std::get<k>(statics)), input_ranges[k] = byte_range(std::get<k>(inputs))),
      ...);
   }(std::make_index_sequence<n>{});
+  std::array<StagePlan, n> plans;
+  for (std::size_t k = 0; k < n; ++k) plans[k] = classify(k, facts[k], device);
   check_overlaps(static_ranges, input_ranges, plans, cache);
   return plans;
 }
