@@ -514,6 +514,9 @@ class PoolImpl {
     }
     cudaEvent_t e = nullptr;
     RelaxedCaptureMode relaxed;
+    // On the pool's device: an event records only on streams of its own device, and a pool of
+    // another device than the current one would otherwise keep its blocks pending for good.
+    QuietDeviceGuard on_pool_device(device_);
     if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
       (void)cudaGetLastError();
       return nullptr;

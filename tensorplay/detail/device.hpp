@@ -90,6 +90,45 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
+//! Makes `device` current for its lifetime and restores the previous device; never throws (for
+//! destructors and exit paths). A negative `device`, or a failed switch, leaves the current one.
+class QuietDeviceGuard {
+ public:
+  explicit QuietDeviceGuard(int device) noexcept {
+    if (device < 0) return;
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (current == device) return;
+    if (cudaSetDevice(device) == cudaSuccess) previous_ = current;
+    else (void)cudaGetLastError();
+  }
+  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
+  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
+  ~QuietDeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+//! The device of a stream that is not capturing, or -1 when CUDA cannot say (before CUDA 12.8,
+//! or for the legacy stream). Never throws.
+inline int stream_device_or_none(cudaStream_t stream) noexcept {
+#if CUDART_VERSION >= 12080
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return -1;
+  int device = -1;
+  if (cudaStreamGetDevice(stream, &device) == cudaSuccess) return device;
+  (void)cudaGetLastError();
+#else
+  (void)stream;
+#endif
+  return -1;
+}
+
 //! Runs `cudaMalloc`-like calls without disturbing a capture that another stream has open:
 //! switches this thread to relaxed capture mode for its lifetime (gpu.md: global and
 //! thread_local captures refuse cudaMalloc from the capturing thread, global ones from any).

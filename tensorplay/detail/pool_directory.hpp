@@ -81,6 +81,7 @@ class PoolDirectory {
       if (is_capturing_or_false(stream)) return nullptr;  // an event recorded now would be captured
       auto marker = std::make_shared<StreamEndMarker>();
       RelaxedCaptureMode relaxed;  // creating and recording an event must not disturb a capture elsewhere
+      QuietDeviceGuard on_stream_device(stream_device_or_none(stream));  // events record on their own device's streams
       if (cudaEventCreateWithFlags(&marker->event, cudaEventDisableTiming) != cudaSuccess ||
           event_record(marker->event, stream) != cudaSuccess) {
         (void)cudaGetLastError();
