@@ -11,6 +11,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -156,7 +157,9 @@ TP_GPU_TEST(every_failing_call_of_the_workload_leaves_the_library_usable) {
       }
       BOOST_TEST(tp_test::not_capturing(stream), name_of(site) << " #" << nth << ": the stream is left capturing");
       BOOST_REQUIRE_EQUAL(cudaStreamSynchronize(stream), cudaSuccess);
-      BOOST_TEST(used_device_bytes() <= baseline + (std::size_t{4} << 20), name_of(site) << " #" << nth << ": device memory grew");
+      // Device-wide figures: under compute-sanitizer the tool's own device memory moves them too.
+      if (std::getenv("TENSORPLAY_UNDER_SANITIZER") == nullptr)
+        BOOST_TEST(used_device_bytes() <= baseline + (std::size_t{4} << 20), name_of(site) << " #" << nth << ": device memory grew");
       // The same stream, a new graph: everything works again.
       const Outcome again = workload(stream);
       BOOST_TEST((again.staged == want.staged && again.updated == want.updated && again.loops == want.loops),

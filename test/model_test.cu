@@ -5,7 +5,8 @@
 // buffer will hold, then runs it on the GPU and checks the outcome; Check operations compare every
 // buffer, flag and counter with the model. The first
 // failure stops the run and prints the seed, the operation index and the last 20 operations:
-// TENSORPLAY_MODEL_SEED=<seed> TENSORPLAY_MODEL_OPS=<index + 1> replays it.
+// TENSORPLAY_MODEL_SEED=<seed> TENSORPLAY_MODEL_QUIESCE=<interval> TENSORPLAY_MODEL_OPS=<index + 1>
+// replays it (the quiesce interval, by default a tenth of the count, shapes what is drawn).
 // A watchdog ends the process when no operation completes for TENSORPLAY_MODEL_STALL_S seconds
 // (default 120), printing the trace: a hang fails instead of blocking the suite.
 // TENSORPLAY_MODEL_WITHOUT=<names> leaves out operations, statements or capture variants (by the
@@ -1028,7 +1029,9 @@ TP_GPU_TEST(random_operations_match_the_host_model) {
   // 10000 under compute-sanitizer (TENSORPLAY_UNDER_SANITIZER, set by tools/gpu/run): its checks,
   // not the count, matter there.
   const long ops = tp_test::env_or("TENSORPLAY_MODEL_OPS", std::getenv("TENSORPLAY_UNDER_SANITIZER") != nullptr ? 10000 : 100000);
-  const long quiesce_every = std::max(ops / 10, 200L);
+  // The quiesce interval shapes the operations drawn: the replay hint names it, so that a
+  // shorter replay (TENSORPLAY_MODEL_OPS=<index + 1>) draws the same operations.
+  const long quiesce_every = tp_test::env_or("TENSORPLAY_MODEL_QUIESCE", std::max(ops / 10, 200L));
   // TENSORPLAY_MODEL_WITHOUT=a,b,...: names the generator avoids (see Model's constructor).
   std::set<std::string> without;
   const std::string without_text = std::getenv("TENSORPLAY_MODEL_WITHOUT") != nullptr ? std::getenv("TENSORPLAY_MODEL_WITHOUT") : "";
@@ -1044,7 +1047,8 @@ TP_GPU_TEST(random_operations_match_the_host_model) {
   std::size_t peak_early = 0;
   std::size_t peak_late = 0;
   const std::string replay_hint = (without_text.empty() ? "" : "TENSORPLAY_MODEL_WITHOUT=" + without_text + " ") +
-                                  "TENSORPLAY_MODEL_SEED=" + std::to_string(seed) + " TENSORPLAY_MODEL_OPS=";
+                                  "TENSORPLAY_MODEL_SEED=" + std::to_string(seed) +
+                                  " TENSORPLAY_MODEL_QUIESCE=" + std::to_string(quiesce_every) + " TENSORPLAY_MODEL_OPS=";
   Watchdog watchdog(trace, tp_test::env_or("TENSORPLAY_MODEL_STALL_S", 120), replay_hint + "<the last index + 1>");
   // No Boost assertion inside the loop: the log keeps every assertion, which would grow the RSS
   // this test watches. The first failure ends the run.

@@ -213,6 +213,48 @@ TP_GPU_TEST(stream_synchronize_inside_while_body_gives_cuda_error) {
   });
 }
 
+// A scope's destructor cannot throw: when the body it closes was invalidated, the capture must
+// stay open until capture_end, so that work issued after the scope (in the enclosing body or at
+// top level) is captured and thrown away, never run eagerly. Found by the model test (seed
+// 20261130, operation #1691: a counter decremented by a kernel launched after an inner scope).
+namespace {
+__global__ void add_one(int* counter) { *counter += 1; }
+}  // namespace
+
+TP_GPU_TEST(work_after_a_scope_whose_body_was_invalidated_never_runs) {
+  tp::Stream stream;
+  tp::DeviceTensor<bool> pred(1, stream);
+  tp::DeviceTensor<int> counter(1, stream);
+  BOOST_REQUIRE_EQUAL(cudaMemsetAsync(pred.data(), 0, 1, stream), cudaSuccess);
+  BOOST_REQUIRE_EQUAL(cudaMemsetAsync(counter.data(), 0, sizeof(int), stream), cudaSuccess);
+  stream.synchronize();
+  tp::Graph graph;
+  graph.capture_begin({.stream = stream});
+  {
+    tp::WhileScope outer(graph, pred);
+    {
+      tp::WhileScope inner(graph, pred);
+      (void)cudaDeviceSynchronize();
+      (void)cudaGetLastError();
+    }
+    BOOST_TEST(graph.is_capturing());  // the error waits for capture_end
+    add_one<<<1, 1, 0, outer.stream()>>>(counter.data());
+    (void)cudaGetLastError();
+  }
+  add_one<<<1, 1, 0, stream>>>(counter.data());
+  (void)cudaGetLastError();
+  BOOST_CHECK_THROW(graph.capture_end(), tp::cuda_error);
+  BOOST_TEST(!graph.is_capturing());
+  BOOST_TEST(tp_test::not_capturing(stream));
+  BOOST_REQUIRE_EQUAL(cudaDeviceSynchronize(), cudaSuccess);
+  BOOST_TEST(to_host(counter)[0] == 0);  // neither kernel ran
+  // The graph captures again.
+  graph.capture([&](tp::StreamRef s) { add_one<<<1, 1, 0, s>>>(counter.data()); }, {.stream = stream});
+  graph.replay(stream);
+  stream.synchronize();
+  BOOST_TEST(to_host(counter)[0] == 1);
+}
+
 TP_GPU_TEST(other_thread_malloc_in_global_mode_during_while_body_gives_cuda_error) {
   tp::Stream stream;
   tp::DeviceTensor<bool> pred(1, stream);

@@ -105,16 +105,34 @@ class CaptureSession final : public CaptureOwner {
   void abandon() noexcept { abandon_as(CaptureEnd::Abandoned); }
 
   //! Runs `f`; if it throws, abandons the capture and rethrows. The one place where a failure
-  //! inside a capture turns into "nothing is left capturing".
+  //! inside a capture turns into "nothing is left capturing" (unless kept open, below).
   template <class F>
   decltype(auto) abandon_on_throw(F&& f) {
     try {
       return f();
     } catch (...) {
-      abandon();
+      if (!keep_open_on_failure_) abandon();
       throw;
     }
   }
+
+  //! While one lives, a failure does not abandon the capture: a body whose capture cannot end is
+  //! dropped and the enclosing captures stay open, so that work issued afterwards is still
+  //! captured (and thrown away at capture_end), never run. For ConditionalScope's destructor,
+  //! which cannot throw and after which the caller goes on issuing work.
+  class KeepOpenOnFailure {
+   public:
+    explicit KeepOpenOnFailure(CaptureSession& session) noexcept
+        : session_(session), before_(std::exchange(session.keep_open_on_failure_, true)) {}
+    KeepOpenOnFailure(const KeepOpenOnFailure&) = delete;
+    KeepOpenOnFailure& operator=(const KeepOpenOnFailure&) = delete;
+    ~KeepOpenOnFailure() { session_.keep_open_on_failure_ = before_; }
+
+   private:
+    CaptureSession& session_;
+    bool before_;
+  };
+  [[nodiscard]] bool keeps_open_on_failure() const noexcept { return keep_open_on_failure_; }
 
   void abandon_because_stream_destroyed() noexcept override { abandon_as(CaptureEnd::StreamDestroyed); }
 
@@ -200,6 +218,7 @@ class CaptureSession final : public CaptureOwner {
   const ThreadStreams* owner_thread_ = nullptr;  // the capturing thread (its current-stream table)
   std::atomic<CaptureEnd> end_{CaptureEnd::Ended};
   std::vector<BodyCapture> bodies_;       // open conditional bodies, innermost last
+  bool keep_open_on_failure_ = false;     // see KeepOpenOnFailure
   std::vector<OwnedStream> body_streams_; // one per nesting depth, reused by later captures
   CaptureContext context_;                // the pool; registered for the capture's sequences
 };

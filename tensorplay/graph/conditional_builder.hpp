@@ -362,14 +362,15 @@ inline void move_body(cudaGraph_t from, cudaGraph_t to, const std::vector<std::p
 }
 
 //! Ends the innermost body's capture and moves its work into its node. On failure the whole
-//! capture is abandoned and the error propagates (cuda_error when CUDA invalidated it).
+//! capture is abandoned (only the body, under CaptureSession::KeepOpenOnFailure) and the error
+//! propagates (cuda_error when CUDA invalidated it).
 inline void close_body(CaptureSession& session, const tensorplay::source_location& where) {
   GraphHandle captured;
   const BodyCapture body = [&] {
     const cudaError_t status = end_capture(session.bodies().back().stream, captured.out());
     BodyCapture closed = session.pop_body();
     if (status != cudaSuccess) {
-      session.abandon();
+      if (!session.keeps_open_on_failure()) session.abandon();
       check(status, "cudaStreamEndCapture (conditional body)", where);
     }
     return closed;

@@ -45,18 +45,12 @@ class ConditionalScope {
   ConditionalScope(const ConditionalScope&) = delete;
   ConditionalScope& operator=(const ConditionalScope&) = delete;
 
+  //! Closes the body. A failure (CUDA invalidated the capture) cannot be thrown from here: the
+  //! capture stays open, so work issued after the scope is captured and discarded, never run,
+  //! and capture_end throws the error.
   ~ConditionalScope() {
     const bool unwinding = std::uncaught_exceptions() > uncaught_;
-    try {
-      if (graph_->conditional_depth() < depth_) return;  // closed already: the capture was abandoned
-      while (graph_->conditional_depth() > depth_) graph_->end_capture_to_conditional_node(where_);  // left open inside
-      if (refresh_ && !unwinding) refresh_->run(*graph_, where_);
-      graph_->end_capture_to_conditional_node(where_);
-    } catch (...) {
-      // A destructor must not throw. A body that cannot be closed has abandoned the capture;
-      // capture_end rethrows this error (a cuda_error when CUDA invalidated the capture).
-      graph_->defer_error(std::current_exception());
-    }
+    graph_->close_scope(depth_, [&] { if (refresh_ && !unwinding) refresh_->run(*graph_, where_); }, where_);
   }
 
   //! The body's capture stream (also the current stream while the body is open).

@@ -135,6 +135,10 @@ class CopyNode {
     enabled_ = true;
   }
 
+  //! The executable was compiled again from the graph that holds the node: the node is enabled,
+  //! as a fresh compile leaves it.
+  void recompiled() noexcept { enabled_ = true; }
+
   //! Points the node of `exec` at `batch` (and enables it).
   void set(cudaGraphExec_t exec, CopyBatch& batch, const tensorplay::source_location& where) {
     const KernelLibrary& library = KernelLibrary::on(device_, where);

@@ -177,6 +177,7 @@ class Graph {
     origin_.reset();
     graph_.reset();
     retained_.clear();
+    retained_in_exec_ = 0;
     pool_ = options_.pool;
     device_ = -1;
     has_conditionals_ = false;
@@ -190,14 +191,18 @@ class Graph {
   //!
   //!     graph.retain(std::shared_ptr<Communicator>(comm));   // a shared object
   //!     graph.retain(std::move(workspace));                   // any move-only object
+  //! Free before capture_end; once the executable exists, each call compiles it again (CUDA
+  //! gives an executable references only to what its graph held when it was compiled).
   template <class T>
   void retain(std::shared_ptr<T> object, tensorplay::source_location where = tensorplay::source_location::current()) {
     retained_.add(std::move(object), graph_.get(), where);
+    if (!is_capturing()) hold_retained_in_executable(where);
   }
   template <class T>
     requires(!std::is_lvalue_reference_v<T>)
   void retain(T&& object, tensorplay::source_location where = tensorplay::source_location::current()) {
     retained_.add(std::forward<T>(object), graph_.get(), where);
+    if (!is_capturing()) hold_retained_in_executable(where);
   }
 
   // ---- state ----------------------------------------------------------------------------
@@ -365,7 +370,12 @@ class Graph {
       const auto plans = detail::plan_pairs(static_inputs, inputs, device_, static_order_, where);
 
       std::size_t batched = 0;
-      for (const detail::StagePlan& plan : plans) batched += plan.kind == detail::StageKind::Batched;
+      std::size_t skipped = 0;
+      for (const detail::StagePlan& plan : plans) {
+        batched += plan.kind == detail::StageKind::Batched;
+        skipped += plan.kind == detail::StageKind::Skip;
+      }
+      const bool all_batched = batched + skipped == sizeof...(S);  // the common case: no pass over the others
       if (batched == 0) {
         issue_unbatched(plans, static_inputs, inputs, stream, where);
         replay(stream, where);
@@ -388,7 +398,7 @@ class Graph {
             }(),
             ...);
       }(std::index_sequence_for<S...>{});
-      issue_unbatched(plans, static_inputs, inputs, stream, where);
+      if (!all_batched) issue_unbatched(plans, static_inputs, inputs, stream, where);
       staging.node.set(exec_.get(), batch, where);
       detail::check(detail::graph_launch(exec_.get(), stream.get()), "cudaGraphLaunch", where);
     }
@@ -411,7 +421,11 @@ class Graph {
   // capture_end without compiling (instantiate() compiles later): for captures that must all
   // end before any is compiled (DeviceGroupGraph), or whose graphs share one executable.
   void end_without_compiling(const tensorplay::source_location& where) {
-    if (deferred_error_) std::rethrow_exception(std::exchange(deferred_error_, nullptr));
+    if (deferred_error_ && is_capturing()) {
+      session_->abandon();
+      std::rethrow_exception(std::exchange(deferred_error_, nullptr));
+    }
+    deferred_error_ = nullptr;  // kept by a capture abandoned since, whose error was thrown then
     require_open_capture("capture_end", where);
     graph_ = end_session(where);
     device_ = capture_device_;
@@ -423,6 +437,28 @@ class Graph {
   // A ConditionalScope could not close its body (in its destructor): capture_end rethrows.
   void defer_error(std::exception_ptr error) noexcept {
     if (!deferred_error_) deferred_error_ = std::move(error);
+  }
+
+  // A ConditionalScope's end: closes the bodies opened inside it and left open, runs `refresh`
+  // (a WhileScope re-reads its predicate), then closes the scope's own body at `depth`. Never
+  // throws: a failure is kept for capture_end, and the capture stays open (a failed body is
+  // dropped) so that what the caller issues after the scope is captured and discarded, not run
+  // eagerly on a stream that stopped capturing.
+  template <class Refresh>
+  void close_scope(std::size_t depth, Refresh&& refresh, const tensorplay::source_location& where) noexcept {
+    if (!is_capturing() || session_->depth() < depth) return;  // abandoned meanwhile
+    detail::CaptureSession::KeepOpenOnFailure keep(*session_);
+    auto attempt = [&](auto&& step) {
+      try {
+        step();
+      } catch (...) {
+        defer_error(std::current_exception());
+      }
+    };
+    while (is_capturing() && session_->depth() > depth) attempt([&] { detail::close_body(*session_, where); });
+    if (!is_capturing() || session_->depth() != depth) return;
+    if (!deferred_error_) attempt(refresh);
+    attempt([&] { detail::close_body(*session_, where); });
   }
 
   // ---- capture internals ----------------------------------------------------------------
@@ -474,7 +510,7 @@ class Graph {
   void compile(const tensorplay::source_location& where) {
     std::optional<cudaStream_t> upload;
     if (options_.upload) upload = session_ ? session_->origin() : nullptr;
-    exec_.instantiate(graph_.get(), upload, where);
+    instantiate_exec(graph_.get(), upload, where);
   }
 
   // update(): the new version replaces the old one in the executable.
@@ -492,10 +528,11 @@ class Graph {
       origin_.reset();
       if (staging_) staging_->node.adopt(copy);
       exec_.reset();
-      exec_.instantiate(graph.get(), std::nullopt, where);
+      instantiate_exec(graph.get(), std::nullopt, where);
     }
     graph_ = std::move(graph);
     has_conditionals_ = capturing_conditionals_;
+    hold_retained_in_executable(where);  // objects retained by the update's body
     return result;
   }
 
@@ -581,6 +618,25 @@ class Graph {
     if (pool_) detail::RetainedObjects::retain_copy(pool_, info.graph, where);
   }
 
+  // ---- retained objects and the executable --------------------------------------------------
+
+  // Every compile goes through here: the executable holds the objects retained so far.
+  void instantiate_exec(cudaGraph_t graph, std::optional<cudaStream_t> upload, const tensorplay::source_location& where) {
+    exec_.instantiate(graph, upload, where);
+    retained_in_exec_ = retained_.size();
+  }
+
+  // An executable holds references to the user objects its graph held when it was compiled, and
+  // CUDA adds none later (an in-place update neither). Objects retained since then are given to
+  // it by compiling it again, from the graph it was compiled from, so that they outlive its launches.
+  void hold_retained_in_executable(const tensorplay::source_location& where) {
+    if (!exec_ || retained_.size() == retained_in_exec_) return;
+    const cudaGraph_t source = origin_ ? origin_.get() : graph_.get();
+    if (origin_) retained_.retain_since(retained_in_exec_, source, where);
+    instantiate_exec(source, std::nullopt, where);
+    if (staging_) staging_->node.recompiled();
+  }
+
   // ---- staging internals ----------------------------------------------------------------
 
   struct Staging {
@@ -594,7 +650,7 @@ class Graph {
     if (staging_) return *staging_;
     auto staging = std::make_unique<Staging>();
     staging->node.adopt(staging->node.add_to(graph_.get(), device_, where));
-    exec_.instantiate(graph_.get(), std::nullopt, where);
+    instantiate_exec(graph_.get(), std::nullopt, where);
     staging_ = std::move(staging);
     return *staging_;
   }
@@ -616,6 +672,7 @@ class Graph {
   detail::GraphHandle origin_;  // the graph exec_ was compiled from, kept while update() replaced graph_
                                 // and the copy node (named by this graph) is in use
   detail::RetainedObjects retained_;
+  std::size_t retained_in_exec_ = 0;  // how many of retained_'s objects the executable holds
   detail::StaticOrder static_order_;  // stage_and_launch's static buffers, sorted (staging.hpp)
   int device_ = -1;
   int capture_device_ = -1;

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -33,6 +34,12 @@ class RetainedObjects {
   //! Retains every object on `graph` (a new capture of the same Graph, or an outer graph).
   void retain_on(cudaGraph_t graph, const tensorplay::source_location& where) const {
     for (const UserObjectRef& ref : objects_) TENSORPLAY_CHECK(cudaGraphRetainUserObject(graph, ref.get(), 1, 0), where);
+  }
+
+  //! Retains the objects added after the first `first` on `graph`.
+  void retain_since(std::size_t first, cudaGraph_t graph, const tensorplay::source_location& where) const {
+    for (std::size_t i = first; i < objects_.size(); ++i)
+      TENSORPLAY_CHECK(cudaGraphRetainUserObject(graph, objects_[i].get(), 1, 0), where);
   }
 
   //! Retains a copy of `value` on `graph` only (the graph gets the one reference).
