@@ -28,7 +28,7 @@ class PoolId {
   constexpr explicit operator bool() const noexcept { return serial_ != 0; }
 
   friend constexpr bool operator==(PoolId, PoolId) noexcept = default;
-  //! Prints "PoolId(device D, #N)" on any output stream (a template: no <ostream> needed here).
+  //! Prints "PoolId(device D, #N)" on any output stream (a template: this header needs no ostream header).
   template <class OStream>
   friend OStream& operator<<(OStream& os, PoolId id) {
     if (!id) {
@@ -118,9 +118,12 @@ class Pool {
 
 }  // namespace tensorplay
 
+// Hidden from Doxygen, which cannot place a specialisation of std::hash.
+//! \cond INTERNAL
 template <>
 struct std::hash<tensorplay::PoolId> {
   std::size_t operator()(tensorplay::PoolId id) const noexcept {
     return std::hash<std::uint64_t>{}(id.serial()) ^ (static_cast<std::size_t>(id.device()) << 56);
   }
 };
+//! \endcond

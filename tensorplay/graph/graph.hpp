@@ -223,7 +223,7 @@ class Graph {
   //! (every attribute after enable_debug_mode). After the first stage_and_launch the graph
   //! begins with the copy node.
   //! `path`: a std::filesystem::path, a std::string or a C string (a template, so that this
-  //! header does not pay for <filesystem>).
+  //! header does not pay for the filesystem header).
   //! \throws usage_error before any capture has ended.
   template <detail::PathLike Path>
   void debug_dump(const Path& path, tensorplay::source_location where = tensorplay::source_location::current()) const {
