@@ -5,6 +5,7 @@
 // (Bazel: deps = ["@cuda//:cublas"]; CMake: CUDA::cublas).
 #pragma once
 
+#include <tensorplay/error.hpp>
 #include <tensorplay/stream.hpp>
 
 #include <cublas_v2.h>
@@ -36,16 +37,7 @@ class cublas_error : public std::runtime_error {
 
  private:
   static std::string describe(cublasStatus_t status, std::string_view call, tensorplay::source_location where) {
-    std::string text(call);
-    text += " failed: ";
-    text += cublasGetStatusName(status);
-    text += " (";
-    text += cublasGetStatusString(status);
-    text += ") at ";
-    text += where.file_name();
-    text += ':';
-    text += std::to_string(where.line());
-    return text;
+    return detail::failed_call_text(call, cublasGetStatusName(status), cublasGetStatusString(status), "", where);
   }
 
   cublasStatus_t status_;

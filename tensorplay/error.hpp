@@ -43,6 +43,29 @@ class source_location {
 };
 #endif
 
+namespace detail {
+
+//! "<call> failed: <name> (<description>)<more> at <file>:<line>": the message of every
+//! tensorplay error that reports a failed call (cuda_error, and cublas_error and nccl_error in
+//! their own headers). `more` is extra text, empty or starting with "; ".
+inline std::string failed_call_text(std::string_view call, std::string_view name, std::string_view description,
+                                    std::string_view more, const tensorplay::source_location& where) {
+  std::string text(call);
+  text += " failed: ";
+  text += name;
+  text += " (";
+  text += description;
+  text += ")";
+  text += more;
+  text += " at ";
+  text += where.file_name();
+  text += ':';
+  text += std::to_string(where.line());
+  return text;
+}
+
+}  // namespace detail
+
 //! A CUDA runtime call failed.
 //!
 //! `what()` names the call, the CUDA error (name and description) and the file:line of the
@@ -60,18 +83,9 @@ class cuda_error : public std::runtime_error {
 
  private:
   static std::string describe(cudaError_t status, std::string_view call, tensorplay::source_location where) {
-    std::string text(call);
-    text += " failed: ";
-    text += cudaGetErrorName(status);
-    text += " (";
-    text += cudaGetErrorString(status);
-    text += ")";
-    if (means_no_device(status)) text += "; no usable CUDA device (is a GPU present and its driver loaded?)";
-    text += " at ";
-    text += where.file_name();
-    text += ':';
-    text += std::to_string(where.line());
-    return text;
+    return detail::failed_call_text(call, cudaGetErrorName(status), cudaGetErrorString(status),
+                                    means_no_device(status) ? "; no usable CUDA device (is a GPU present and its driver loaded?)" : "",
+                                    where);
   }
 
   // Statuses with which the runtime says, in its own words, that there is no GPU to run on.

@@ -100,22 +100,13 @@ class nccl_error : public std::runtime_error {
 
  private:
   static std::string describe(ncclResult_t status, std::string_view call, tensorplay::source_location where) {
-    std::string text(call);
-    text += " failed: ";
-    text += name(status);
-    text += " (";
-    text += ncclGetErrorString(status);
-    text += ")";
     // NCCL's last error may come from another call (its documentation says so): labelled as such.
+    std::string more;
     if (const char* last = ncclGetLastError(nullptr); last != nullptr && *last != '\0') {
-      text += "; NCCL's last error: ";
-      text += last;
+      more = "; NCCL's last error: ";
+      more += last;
     }
-    text += " at ";
-    text += where.file_name();
-    text += ':';
-    text += std::to_string(where.line());
-    return text;
+    return detail::failed_call_text(call, name(status), ncclGetErrorString(status), more, where);
   }
 
   ncclResult_t status_;
