@@ -5,6 +5,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -205,6 +206,34 @@ BOOST_AUTO_TEST_CASE(eager_block_used_on_another_stream_waits_for_that_use, *boo
   b.synchronize();
   BOOST_REQUIRE(b_still_busy);  // otherwise the check below proves nothing
   BOOST_TEST(!reused_early);
+}
+
+// Found by the model test under memcheck (seed 3, operation #15): a block allocated on the legacy
+// default stream (handle 0) was keyed by "no stream", so its free waited for nothing and another
+// stream got it while the legacy stream's work still wrote it. tensorplay's streams are
+// non-blocking: nothing orders them after the legacy stream.
+BOOST_AUTO_TEST_CASE(eager_block_of_the_legacy_stream_waits_for_its_work_before_another_stream_gets_it,
+                     *boost::unit_test::precondition(tp_test::AsyncLaunches{})) {
+  tp::Stream other;
+  constexpr std::size_t n = 1 << 10;
+  void* first = nullptr;
+  {
+    tp::DeviceTensor<int> t(n, tp::StreamRef{});  // the legacy default stream
+    first = t.data();
+    // The legacy stream is busy for 200 ms, then writes 1 into t.
+    tp_test::spin_kernel<<<1, 1, 0, cudaStreamLegacy>>>(200'000'000);
+    tp_test::fill(t.data(), n, 1, cudaStreamLegacy);
+  }
+  tp::DeviceTensor<int> u(n, other);
+  const bool reused_early = u.data() == first;
+  tp_test::fill(u.data(), n, 2, other);
+  const bool legacy_still_busy = cudaStreamQuery(cudaStreamLegacy) == cudaErrorNotReady;
+  (void)cudaGetLastError();
+  BOOST_REQUIRE_EQUAL(cudaDeviceSynchronize(), cudaSuccess);
+  BOOST_REQUIRE(legacy_still_busy);  // otherwise the checks below prove nothing
+  BOOST_TEST(!reused_early);
+  const std::vector<int> values = tp_test::host_copy(u.data(), n, other);
+  BOOST_TEST(std::count(values.begin(), values.end(), 2) == static_cast<long>(n));
 }
 
 TP_GPU_TEST(capturing_into_a_pool_another_capture_is_using_throws_usage_error) {

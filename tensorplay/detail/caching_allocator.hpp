@@ -90,6 +90,11 @@ inline constexpr std::size_t mid_segment = config::pool_mid_segment;
 
 constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
 
+//! The handle the pool keeps for a stream. Handle 0 names the legacy default stream, which is a
+//! stream like any other here (tensorplay's streams do not synchronise with it); null in a block
+//! or a pending use means "no stream any more", so the legacy stream is kept as cudaStreamLegacy.
+inline cudaStream_t pool_stream_key(cudaStream_t stream) noexcept { return stream == nullptr ? cudaStreamLegacy : stream; }
+
 constexpr std::size_t segment_size_for(std::size_t bytes) noexcept {
   if (bytes <= small_request) return small_segment;
   if (bytes < mid_request) return mid_segment;
@@ -162,6 +167,7 @@ class PoolImpl {
 
   //! A block of at least `bytes` for use on `stream`, within capture sequence `seq` (0: eager).
   Block* allocate(std::size_t bytes, cudaStream_t stream, CaptureSeq seq, const tensorplay::source_location& where) {
+    stream = pool_stream_key(stream);
     const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), round_bytes);
     std::lock_guard lock(mutex_);
     if (!pending_.empty()) poll_pending();
@@ -276,6 +282,7 @@ class PoolImpl {
 
   //! Declares that `block` is used on `stream` too, besides its allocation stream.
   void record_use(Block* block, cudaStream_t stream) {
+    stream = pool_stream_key(stream);
     std::lock_guard lock(mutex_);
     if (stream == block->stream) return;
     if (std::find(block->uses.begin(), block->uses.end(), stream) == block->uses.end()) block->uses.push_back(stream);
@@ -529,6 +536,9 @@ class PoolImpl {
   bool try_record(PendingUse& use) noexcept {
     if (use.event != nullptr || use.ended) return true;
     if (use.stream == nullptr) return false;  // retired without a marker: never completes
+    // The legacy and per-thread default streams are the current device's: the pool's, here.
+    const bool default_stream = use.stream == cudaStreamLegacy || use.stream == cudaStreamPerThread;
+    QuietDeviceGuard on_pool_device(default_stream ? device_ : -1);
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(use.stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) {
       (void)cudaGetLastError();
