@@ -519,4 +519,7 @@ TP_GPU_TEST(a_single_graph_holds_its_communicator_until_it_dies) {
   BOOST_TEST(!watched.expired());
   BOOST_REQUIRE(tp_test::finishes_within(30s, [g = std::move(graph)]() mutable { g.reset(); }));
   BOOST_TEST(tp_test::eventually(60s, [&] { return watched.expired(); }));
+  // Expired means ~Communicator has begun on tensorplay's reaper thread; ncclCommDestroy must
+  // also return (before exit: memcheck saw NCCL's memory still held when this case came last).
+  BOOST_TEST(tp_test::finishes_within(30s, [] { tp::detail::Reaper::instance().drain(); }));
 }
