@@ -57,6 +57,11 @@ inline constexpr int copy_blocks_per_sm = 4;
 //! Tables are sized to the next power of two of the pairs batched (1, 2, 4, ... 64), so that
 //! stage_and_launch writes only as many bytes as it uses.
 inline constexpr int copy_table_max = 64;
+//! Calls of stage_and_launch that may wait in a graph's staging ring (staging_ring.hpp) for the GPU
+//! to copy them. Each slot is 520 bytes of pinned memory. When the GPU is this many calls behind,
+//! a call copies with a launch of its own (about 3 us more of host time) instead of waiting: by
+//! then the GPU, not the host, sets the pace.
+inline constexpr int staging_ring_slots = 64;
 //! Strided sources up to this rank are gathered by the copy kernels.
 inline constexpr int max_gather_rank = 8;
 

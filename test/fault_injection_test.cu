@@ -83,7 +83,7 @@ const char* call_of(fault::Site site) {
     case fault::Site::EndCapture: return "cudaStreamEndCapture";
     case fault::Site::Instantiate: return "cudaGraphInstantiateWithParams";
     case fault::Site::Launch: return "Launch";  // cudaGraphLaunch or cudaLaunchKernelEx
-    case fault::Site::SetParams: return "copy node";
+    case fault::Site::SetParams: return "stage_and_launch";  // its fetch and copy nodes
     case fault::Site::EventRecord: return "cudaEventRecord";
     case fault::Site::Update: return "cudaGraphExecUpdate";
     case fault::Site::Count: break;

@@ -213,6 +213,152 @@ TP_GPU_TEST(thousand_back_to_back_calls_each_see_their_own_inputs) {
   BOOST_TEST(out[2 * n - 1] == sum_y);
 }
 
+// ---- the staging ring: calls queued behind a busy GPU --------------------------------------------
+
+namespace {
+// A graph that adds its static buffer into an accumulator: out[i] += static[i].
+struct AccumulatingGraph {
+  std::size_t n;
+  tp::DeviceTensor<float> input;
+  tp::DeviceTensor<float> acc;
+  tp::Graph graph;
+  AccumulatingGraph(std::size_t size, tp::StreamRef s) : n(size), input(size, s), acc(size, s) {
+    tp_test::fill(input.data(), n, 0.0f, s);
+    tp_test::fill(acc.data(), n, 0.0f, s);
+    graph.capture([&](tp::StreamRef cs) { accumulate<<<8, 256, 0, cs>>>(input.data(), acc.data(), n); }, {.stream = s});
+  }
+};
+
+// Fresh inputs 1, 2, ..., calls.
+std::vector<tp::DeviceTensor<float>> numbered_inputs(int calls, std::size_t n, tp::StreamRef s) {
+  std::vector<tp::DeviceTensor<float>> xs;
+  for (int i = 0; i < calls; ++i) {
+    xs.emplace_back(n, s);
+    tp_test::fill(xs.back().data(), n, static_cast<float>(i + 1), s);
+  }
+  return xs;
+}
+}  // namespace
+
+TP_GPU_TEST(calls_queued_beyond_the_ring_behind_a_busy_gpu_each_copy_their_own_inputs) {
+  // 200 calls while the stream spins: the ring (config::staging_ring_slots) fills, and later
+  // calls copy with a launch of their own. Every call must add exactly its own input.
+  tp::Stream stream;
+  AccumulatingGraph g(1000, stream);
+  constexpr int calls = 200;
+  static_assert(calls > tp::config::staging_ring_slots);
+  auto xs = numbered_inputs(calls, g.n, stream);
+  stream.synchronize();
+  tp_test::spin_kernel<<<1, 1, 0, stream>>>(200'000'000);  // 200 ms
+  for (int i = 0; i < calls; ++i) g.graph.stage_and_launch(std::tie(g.input), std::tie(xs[i]), stream);
+  const auto out = g.acc.to_host(stream);
+  const float expected = calls * (calls + 1) / 2.0f;
+  BOOST_TEST(out[0] == expected);
+  BOOST_TEST(out[g.n - 1] == expected);
+}
+
+TP_GPU_TEST(staged_calls_and_plain_replays_interleaved_behind_a_busy_gpu_copy_only_when_staged) {
+  // Staged calls copy their input; plain replays between them must not copy again (the static
+  // buffer keeps what the last staged call put there), whatever the ring holds.
+  tp::Stream stream;
+  AccumulatingGraph g(512, stream);
+  constexpr int calls = 150;
+  auto xs = numbered_inputs(calls, g.n, stream);
+  stream.synchronize();
+  tp_test::spin_kernel<<<1, 1, 0, stream>>>(100'000'000);
+  float expected = 0;
+  for (int i = 0; i < calls; ++i) {
+    g.graph.stage_and_launch(std::tie(g.input), std::tie(xs[i]), stream);
+    expected += static_cast<float>(i + 1);
+    if (i % 3 == 0) {
+      g.graph.replay(stream);  // adds input i + 1 once more
+      expected += static_cast<float>(i + 1);
+    }
+  }
+  const auto out = g.acc.to_host(stream);
+  BOOST_TEST(out[0] == expected);
+  BOOST_TEST(out[g.n - 1] == expected);
+}
+
+TP_GPU_TEST(static_buffers_that_change_between_queued_calls_each_get_their_calls_inputs) {
+  // The node's plan (where each copy goes) changes while calls that used the old one wait.
+  tp::Stream stream;
+  const std::size_t n = 256;
+  tp::DeviceTensor<float> a(n, stream);
+  tp::DeviceTensor<float> b(n, stream);
+  tp::DeviceTensor<float> acc(2 * n, stream);
+  tp_test::fill(a.data(), n, 0.0f, stream);
+  tp_test::fill(b.data(), n, 0.0f, stream);
+  tp_test::fill(acc.data(), 2 * n, 0.0f, stream);
+  tp::Graph graph;
+  graph.capture([&](tp::StreamRef s) {
+    accumulate<<<4, 256, 0, s>>>(a.data(), acc.data(), n);
+    accumulate<<<4, 256, 0, s>>>(b.data(), acc.data() + n, n);
+  }, {.stream = stream});
+  auto xs = numbered_inputs(40, n, stream);
+  stream.synchronize();
+  tp_test::spin_kernel<<<1, 1, 0, stream>>>(100'000'000);
+  float sum_a = 0;  // what acc[0] must hold: a's value at every launch
+  float sum_b = 0;
+  float value_a = 0;
+  float value_b = 0;
+  for (int i = 0; i < 40; ++i) {
+    const float x = static_cast<float>(i + 1);
+    switch (i % 3) {
+      case 0: graph.stage_and_launch(std::tie(a), std::tie(xs[i]), stream); value_a = x; break;
+      case 1: graph.stage_and_launch(std::tie(b), std::tie(xs[i]), stream); value_b = x; break;
+      default: graph.stage_and_launch(std::tie(b, a), std::tie(xs[i], xs[i - 1]), stream); value_b = x; value_a = x - 1;
+    }
+    sum_a += value_a;
+    sum_b += value_b;
+  }
+  const auto out = acc.to_host(stream);
+  BOOST_TEST(out[0] == sum_a);
+  BOOST_TEST(out[n - 1] == sum_a);
+  BOOST_TEST(out[n] == sum_b);
+  BOOST_TEST(out[2 * n - 1] == sum_b);
+}
+
+TP_GPU_TEST(graph_destroyed_while_staged_calls_still_wait_keeps_their_ring_until_they_ran) {
+  // The ring is host memory the queued launches read: it must outlive them, not the Graph.
+  tp::Stream stream;
+  const std::size_t n = 1024;
+  tp::DeviceTensor<float> acc(n, stream);
+  auto xs = numbered_inputs(100, n, stream);
+  {
+    AccumulatingGraph g(n, stream);
+    stream.synchronize();
+    tp_test::spin_kernel<<<1, 1, 0, stream>>>(200'000'000);
+    for (int i = 0; i < 100; ++i) g.graph.stage_and_launch(std::tie(g.input), std::tie(xs[i]), stream);
+    // The accumulator is the graph's; copy it out in stream order, after every queued call.
+    BOOST_REQUIRE_EQUAL(cudaMemcpyAsync(acc.data(), g.acc.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+    BOOST_TEST(tp::detail::RingGraveyard::instance().size() == 0u);
+  }  // ~Graph while the GPU still spins: its ring waits in the graveyard
+  BOOST_TEST(tp::detail::RingGraveyard::instance().size() == 1u);
+  const auto out = acc.to_host(stream);
+  BOOST_TEST(out[0] == 5050.0f);
+  BOOST_TEST(out[n - 1] == 5050.0f);
+  BOOST_TEST(cudaGetLastError() == cudaSuccess);
+  tp::detail::RingGraveyard::instance().sweep();  // every call is done: freed, on the reaper thread
+  BOOST_TEST(tp::detail::RingGraveyard::instance().size() == 0u);
+  tp::detail::Reaper::instance().drain();
+}
+
+TP_GPU_TEST(stage_and_launch_on_a_capturing_stream_throws_usage_error_and_leaves_the_capture_intact) {
+  tp::Stream stream;
+  AccumulatingGraph g(64, stream);
+  tp::DeviceTensor<float> x(64, stream);
+  tp_test::fill(x.data(), 64, 3.0f, stream);
+  stream.synchronize();
+  tp::Graph outer;
+  outer.capture_begin({.stream = stream});
+  BOOST_CHECK_THROW(g.graph.stage_and_launch(std::tie(g.input), std::tie(x), stream), tp::usage_error);
+  outer.capture_end();  // the capture was not invalidated
+  g.graph.stage_and_launch(std::tie(g.input), std::tie(x), stream);
+  BOOST_TEST(g.acc.to_host(stream)[63] == 3.0f);
+  BOOST_TEST(tp_test::not_capturing(stream));
+}
+
 TP_GPU_TEST(stage_and_launch_without_stream_uses_the_current_stream) {
   tp::Stream stream;
   tp::StreamGuard guard(stream);

@@ -73,7 +73,7 @@ class CaptureRegistry {
   //! The capture that registered `context` ended (its bodies are gone already). When the last
   //! capture ends, deferred cudaFrees run.
   void remove_capture(CaptureContext* context) noexcept {
-    std::vector<std::pair<int, void*>> due;
+    std::vector<Buried> due;
     {
       std::lock_guard lock(mutex_);
       erase_first([context](const Entry& e) { return e.stream != nullptr && e.context == context; });
@@ -81,7 +81,7 @@ class CaptureRegistry {
       open_.store(open, std::memory_order_release);
       if (open == 0) due.swap(buried_);
     }
-    for (auto [device, ptr] : due) free_segment(device, ptr);
+    for (const Buried& b : due) free_now(b);
   }
 
   //! Abandons every capture whose origin stream is `stream` (it is about to be destroyed).
@@ -117,31 +117,55 @@ class CaptureRegistry {
     {
       std::lock_guard lock(mutex_);
       if (any_open()) {
-        for (void* s : segments) buried_.emplace_back(device, s);
+        for (void* s : segments) buried_.push_back({device, s});
         return;
       }
     }
-    for (void* s : segments) free_segment(device, s);
+    for (void* s : segments) free_now({device, s});
+  }
+
+  //! Frees pinned host memory (cudaHostAlloc) now, or once no capture is open, for the same reason.
+  void release_host(void* ptr) noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      if (any_open()) {
+        buried_.push_back({Buried::host, ptr});
+        return;
+      }
+    }
+    free_now({Buried::host, ptr});
   }
 
   //! Frees what waits for the end of captures, if none is open now (a cudaMalloc retry path).
   void drain() noexcept {
-    std::vector<std::pair<int, void*>> due;
+    std::vector<Buried> due;
     {
       std::lock_guard lock(mutex_);
       if (any_open()) return;
       due.swap(buried_);
     }
-    for (auto [device, ptr] : due) free_segment(device, ptr);
+    for (const Buried& b : due) free_now(b);
   }
 
  private:
-  static void free_segment(int device, void* ptr) noexcept {
+  //! Memory whose free waits for the end of captures: device memory of `device`, or pinned host memory.
+  struct Buried {
+    static constexpr int host = -1;
+    int device;
+    void* ptr;
+  };
+
+  static void free_now(const Buried& b) noexcept {
+    if (b.device == Buried::host) {
+      (void)cudaFreeHost(b.ptr);
+      (void)cudaGetLastError();
+      return;
+    }
     int current = -1;
     (void)cudaGetDevice(&current);
-    if (current != device) (void)cudaSetDevice(device);
-    (void)cudaFree(ptr);
-    if (current != device && current >= 0) (void)cudaSetDevice(current);
+    if (current != b.device) (void)cudaSetDevice(b.device);
+    (void)cudaFree(b.ptr);
+    if (current != b.device && current >= 0) (void)cudaSetDevice(current);
     (void)cudaGetLastError();
   }
 
@@ -183,7 +207,7 @@ class CaptureRegistry {
   mutable std::mutex mutex_;
   std::vector<Entry> entries_;
   std::atomic<int> open_{0};
-  std::vector<std::pair<int, void*>> buried_;
+  std::vector<Buried> buried_;
 };
 
 }  // namespace tensorplay::detail

@@ -63,6 +63,10 @@ class KernelLibrary {
   }
   //! The copy kernel whose table holds `1 << log2_capacity` entries.
   [[nodiscard]] cudaKernel_t copy(int log2_capacity) const noexcept { return copy_[log2_capacity]; }
+  //! The copy node's kernel, whose plan holds `1 << log2_capacity` entries (sources from the ring).
+  [[nodiscard]] cudaKernel_t ring_copy(int log2_capacity) const noexcept { return ring_copy_[log2_capacity]; }
+  //! The fetch node's kernel (takes a call's sources from the staging ring).
+  [[nodiscard]] cudaKernel_t ring_fetch() const noexcept { return ring_fetch_; }
   [[nodiscard]] cudaKernel_t gather() const noexcept { return gather_; }
 
   template <class V>
@@ -88,7 +92,11 @@ class KernelLibrary {
     TENSORPLAY_CHECK(cudaLibraryLoadData(&library_, image_.get(), nullptr, nullptr, 0, nullptr, nullptr, 0), where);
     for (std::size_t i = 0; i < set_handle_.size(); ++i)
       load(set_handle_[i], kernels::set_handle_kernel_names[i], where);
-    for (int i = 0; i < kernels::copy_capacity_count; ++i) load(copy_[i], kernels::copy_kernel_names[i], where);
+    for (int i = 0; i < kernels::copy_capacity_count; ++i) {
+      load(copy_[i], kernels::copy_kernel_names[i], where);
+      load(ring_copy_[i], kernels::ring_copy_kernel_names[i], where);
+    }
+    load(ring_fetch_, kernels::ring_fetch_kernel_name, where);
     load(gather_, kernels::gather_kernel_name, where);
   }
 
@@ -107,6 +115,8 @@ class KernelLibrary {
     cudaFuncAttributes attributes{};
     for (cudaKernel_t k : set_handle_) TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k)), where);
     for (cudaKernel_t k : copy_) TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k)), where);
+    for (cudaKernel_t k : ring_copy_) TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k)), where);
+    TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(ring_fetch_)), where);
     TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(gather_)), where);
     ready_[device].store(true, std::memory_order_release);
   }
@@ -115,6 +125,8 @@ class KernelLibrary {
   cudaLibrary_t library_ = nullptr;
   std::array<cudaKernel_t, std::size(kernels::set_handle_kernel_names)> set_handle_{};
   std::array<cudaKernel_t, kernels::copy_capacity_count> copy_{};
+  std::array<cudaKernel_t, kernels::copy_capacity_count> ring_copy_{};
+  cudaKernel_t ring_fetch_ = nullptr;
   cudaKernel_t gather_ = nullptr;
   mutable std::mutex mutex_;
   mutable std::array<std::atomic<bool>, config::max_devices> ready_{};

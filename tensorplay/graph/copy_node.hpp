@@ -1,5 +1,5 @@
 // tensorplay/graph/copy_node.hpp: the copy node of stage_and_launch, a kernel node in front of
-// every root of a graph, and the table of copies it is given at each call.
+// every root of a graph, and the batch of copies each call gathers.
 //
 // The node lives in the graph itself, and the graph has one executable: CUDA refuses a second
 // executable of a graph that holds conditional nodes (seen on the H200, driver 580), and
@@ -8,8 +8,10 @@
 // that a graph replayed and staged alternately pays one extra call per switch, and a graph only
 // replayed pays nothing.
 //
-// The table travels in the kernel's parameters, sized to the next power of two of the pairs
-// batched: cudaGraphExecKernelNodeSetParams copies only that many bytes.
+// The node's parameters hold the plan: where each copy goes and how many bytes, which stay the
+// same while the static buffers do. Each call's sources go into the staging ring
+// (detail/staging_ring.hpp), so that a call that stages onto the same static buffers as the last
+// one costs no cudaGraphExecKernelNodeSetParams: host writes to pinned memory, then the launch.
 #pragma once
 
 #include <tensorplay/config.hpp>
@@ -17,6 +19,7 @@
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/kernel_library.hpp>
 #include <tensorplay/detail/kernels/kernel_abi.hpp>
+#include <tensorplay/detail/staging_ring.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
 
@@ -25,7 +28,9 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <new>
+#include <utility>
 #include <vector>
 
 namespace tensorplay::detail {
@@ -36,7 +41,9 @@ class CopyBatch {
   //! Starts a batch of up to `count` entries (at most config::copy_table_max).
   void start(std::size_t count) noexcept {
     log2_capacity_ = count <= 1 ? 0 : static_cast<int>(std::bit_width(count - 1));
+    entries_offset_ = entries_offset();
     count_ = 0;
+    tiles_ = 0;
     first_tile(0) = 0;
   }
   [[nodiscard]] bool full() const noexcept { return count_ == capacity(); }
@@ -48,9 +55,9 @@ class CopyBatch {
     e.src = src;
     e.dst = dst;
     e.bytes = bytes;
-    first_tile(count_ + 1) =
-        first_tile(count_) + static_cast<std::uint32_t>((bytes + config::copy_tile_bytes - 1) / config::copy_tile_bytes);
+    tiles_ += static_cast<std::uint32_t>((bytes + config::copy_tile_bytes - 1) / config::copy_tile_bytes);
     ++count_;
+    first_tile(count_) = tiles_;
     header() = count_;
   }
 
@@ -62,6 +69,14 @@ class CopyBatch {
 
   //! The kernel's parameter block (the table by value).
   [[nodiscard]] void* parameters() noexcept { return storage_; }
+
+  [[nodiscard]] const kernels::CopyEntry& entry(int i) const noexcept {
+    return std::launder(reinterpret_cast<const kernels::CopyEntry*>(storage_ + entries_offset_))[i];
+  }
+  //! The first tile of entry `i` (i == count(): the tiles of the whole batch).
+  [[nodiscard]] std::uint32_t first_tile(int i) const noexcept {
+    return std::launder(reinterpret_cast<const std::uint32_t*>(storage_ + tiles_offset<1>()))[i];
+  }
 
  private:
   [[nodiscard]] int capacity() const noexcept { return 1 << log2_capacity_; }
@@ -85,28 +100,59 @@ class CopyBatch {
   std::uint32_t& first_tile(int i) noexcept {
     return std::launder(reinterpret_cast<std::uint32_t*>(storage_ + tiles_offset<1>()))[i];
   }
-  [[nodiscard]] std::uint32_t first_tile(int i) const noexcept {
-    return std::launder(reinterpret_cast<const std::uint32_t*>(storage_ + tiles_offset<1>()))[i];
-  }
   kernels::CopyEntry& entry(int i) noexcept {
-    return std::launder(reinterpret_cast<kernels::CopyEntry*>(storage_ + entries_offset()))[i];
+    return std::launder(reinterpret_cast<kernels::CopyEntry*>(storage_ + entries_offset_))[i];
   }
 
   static_assert(offsetof(kernels::CopyTable<1>, first_tile) == offsetof(kernels::CopyTable<64>, first_tile));
   alignas(kernels::CopyTable<config::copy_table_max>) unsigned char storage_[sizeof(kernels::CopyTable<config::copy_table_max>)] = {};
   int log2_capacity_ = 0;
   int count_ = 0;
+  std::uint32_t tiles_ = 0;  // of the entries so far
+  std::size_t entries_offset_ = offsetof(kernels::CopyTable<1>, entries);
 };
 
-//! The copy node of a graph's executable.
+//! Calls f.template operator()<Capacity>() for the table capacity 1 << log2_capacity.
+template <class F>
+decltype(auto) with_capacity(int log2_capacity, F&& f) {
+  switch (log2_capacity) {
+    case 0: return f.template operator()<1>();
+    case 1: return f.template operator()<2>();
+    case 2: return f.template operator()<4>();
+    case 3: return f.template operator()<8>();
+    case 4: return f.template operator()<16>();
+    case 5: return f.template operator()<32>();
+    default: return f.template operator()<64>();
+  }
+}
+
+//! The staging nodes of a graph: the fetch node, then the copy node, in front of every root.
+struct StagingNodes {
+  cudaGraphNode_t fetch = nullptr;
+  cudaGraphNode_t copy = nullptr;
+};
+
+//! The staging nodes of a graph's executable ("the copy node" for short: the fetch node takes the
+//! call's sources from the ring, the copy node copies them; they are enabled, disabled and
+//! planned together).
 class CopyNode {
  public:
-  [[nodiscard]] bool exists() const noexcept { return node_ != nullptr; }
+  //! Nodes that read their sources from `ring`.
+  explicit CopyNode(std::unique_ptr<StagingRing> ring) noexcept : ring_(std::move(ring)) {}
+  CopyNode(CopyNode&&) noexcept = default;
+  CopyNode& operator=(CopyNode&&) = delete;
+  //! The ring waits in the graveyard until the calls launched with it are done.
+  ~CopyNode() {
+    if (ring_) RingGraveyard::instance().retire(std::move(ring_), sequence_);
+  }
+
+  [[nodiscard]] bool exists() const noexcept { return nodes_.copy != nullptr; }
   [[nodiscard]] bool enabled() const noexcept { return enabled_; }
 
-  //! Adds a copy node to `graph`, in front of every root, and returns it. Call before compiling
-  //! `graph`; then adopt() the node that the executable will use.
-  [[nodiscard]] cudaGraphNode_t add_to(cudaGraph_t graph, int device, const tensorplay::source_location& where) {
+  //! Adds the staging nodes to `graph`, in front of every root, and returns them. Call before
+  //! compiling `graph`; then adopt() the nodes that the executable will use. The nodes have no
+  //! plan yet: they copy nothing until set_plan.
+  [[nodiscard]] StagingNodes add_to(cudaGraph_t graph, int device, const tensorplay::source_location& where) {
     const KernelLibrary& library = KernelLibrary::on(device, where);
     DeviceGuard guard(device, where);  // cudaGraphAddKernelNode uses the current device
     int sms = 1;
@@ -116,73 +162,147 @@ class CopyNode {
     TENSORPLAY_CHECK(cudaGraphGetRootNodes(graph, nullptr, &root_count), where);
     std::vector<cudaGraphNode_t> roots(root_count);
     if (root_count != 0) TENSORPLAY_CHECK(cudaGraphGetRootNodes(graph, roots.data(), &root_count), where);
-    CopyBatch empty;
-    empty.start(1);
-    cudaGraphNode_t node = nullptr;
-    const cudaKernelNodeParams params = params_for(library, empty);
-    TENSORPLAY_CHECK(cudaGraphAddKernelNode(&node, graph, nullptr, 0, &params), where);
+    kernels::RingFetch no_fetch = fetch_params(0);
+    kernels::RingCopyPlan<1> no_plan;  // count 0: touches nothing
+    StagingNodes nodes;
+    const cudaKernelNodeParams fetch = fetch_node_params(library, no_fetch);
+    TENSORPLAY_CHECK(cudaGraphAddKernelNode(&nodes.fetch, graph, nullptr, 0, &fetch), where);
+    void* copy_args[] = {&no_plan};
+    cudaKernelNodeParams copy{};
+    copy.func = reinterpret_cast<void*>(library.ring_copy(0));
+    copy.gridDim = dim3(1);
+    copy.blockDim = dim3(config::copy_block_threads);
+    copy.kernelParams = copy_args;
+    TENSORPLAY_CHECK(cudaGraphAddKernelNode(&nodes.copy, graph, &nodes.fetch, 1, &copy), where);
     if (root_count != 0) {
-      const std::vector<cudaGraphNode_t> from(root_count, node);
+      const std::vector<cudaGraphNode_t> from(root_count, nodes.copy);
       TENSORPLAY_CHECK(add_dependencies(graph, from.data(), roots.data(), nullptr, root_count), where);
     }
     device_ = device;
-    return node;
+    return nodes;
   }
 
-  //! The executable now holds `node` (enabled, as a fresh compile leaves it).
-  void adopt(cudaGraphNode_t node) noexcept {
-    node_ = node;
+  //! The executable now holds `nodes`, as a fresh compile leaves them: enabled, without a plan.
+  void adopt(StagingNodes nodes) noexcept {
+    nodes_ = nodes;
+    recompiled();
+  }
+
+  //! The executable was compiled again, or updated, from a graph whose nodes have no plan: they
+  //! are enabled (as a fresh compile leaves them), and the next call sets the plan.
+  void recompiled() noexcept {
     enabled_ = true;
+    plan_count_ = 0;
   }
 
-  //! The executable was compiled again from the graph that holds the node: the node is enabled,
-  //! as a fresh compile leaves it.
-  void recompiled() noexcept { enabled_ = true; }
-
-  //! Points the node of `exec` at `batch` (and enables it).
-  void set(cudaGraphExec_t exec, CopyBatch& batch, const tensorplay::source_location& where) {
-    const KernelLibrary& library = KernelLibrary::on(device_, where);
-    const cudaKernelNodeParams params = params_for(library, batch);
-    if (!enabled_) {
-      check(exec_set_node_enabled(exec, node_, true), "cudaGraphNodeSetEnabled (stage_and_launch copy node)", where);
-      enabled_ = true;
+  //! Readies the nodes of `exec` to copy `batch` at the next launch; returns false when the ring
+  //! is full (the GPU is config::staging_ring_slots calls behind): the batch is then copied now,
+  //! by a launch of its own on `stream`, and the nodes are disabled. After a successful launch of
+  //! a call that returned true, call launched().
+  bool stage(cudaGraphExec_t exec, const CopyBatch& batch, cudaStream_t stream, const tensorplay::source_location& where) {
+    if (!ring_->has_room(sequence_)) [[unlikely]] {
+      launch_now(batch, stream, where);
+      if (enabled_) disable(exec, where);
+      return false;
     }
-    check(exec_set_kernel_params(exec, node_, params), "cudaGraphExecKernelNodeSetParams (stage_and_launch copy node)",
-          where);
+    if (plan_differs(batch)) [[unlikely]]
+      set_plan(exec, batch, where);
+    if (!enabled_) set_enabled(exec, true, where);
+    ring_->write(sequence_, batch.count(), [&](int i) { return batch.entry(i).src; });
+    return true;
   }
 
-  //! Before a plain replay: the node must not copy again what the last call staged.
-  void disable(cudaGraphExec_t exec, const tensorplay::source_location& where) {
-    check(exec_set_node_enabled(exec, node_, false), "cudaGraphNodeSetEnabled (stage_and_launch copy node)", where);
-    enabled_ = false;
-  }
+  //! The call readied by stage() was launched: the next call uses the next slot.
+  void launched() noexcept { ++sequence_; }
 
-  //! A batch larger than one table: copies it with a plain launch (the node takes the rest).
-  void launch_now(CopyBatch& batch, cudaStream_t stream, const tensorplay::source_location& where) const {
+  //! Before a plain replay: the nodes must not copy again what the last call staged.
+  void disable(cudaGraphExec_t exec, const tensorplay::source_location& where) { set_enabled(exec, false, where); }
+
+  //! Copies `batch` with a plain launch of a copy kernel that takes the table by value (a batch
+  //! larger than one table, or a full ring).
+  void launch_now(const CopyBatch& batch, cudaStream_t stream, const tensorplay::source_location& where) const {
     const KernelLibrary& library = KernelLibrary::on(device_, where);
-    void* args[] = {batch.parameters()};
+    CopyBatch copy = batch;  // the launch reads its argument from here
+    void* args[] = {copy.parameters()};
     launch(reinterpret_cast<const void*>(library.copy(batch.log2_capacity())), dim3(batch.blocks(max_blocks_)),
            dim3(config::copy_block_threads), stream, false, args, "cudaLaunchKernelEx (tensorplay copy kernel)", where);
   }
 
  private:
-  cudaKernelNodeParams params_for(const KernelLibrary& library, CopyBatch& batch) noexcept {
-    args_[0] = batch.parameters();  // the table is copied out of here when the params are set
+  [[nodiscard]] kernels::RingFetch fetch_params(int count) const noexcept {
+    kernels::RingFetch p;
+    p.ring = ring_->device_ring();
+    p.state = ring_->device_state();
+    p.status = ring_->device_status();
+    p.slots = StagingRing::slots;
+    p.count = count;
+    return p;
+  }
+
+  // The fetch node's parameters, pointing at `fetch` (which must outlive their use).
+  cudaKernelNodeParams fetch_node_params(const KernelLibrary& library, kernels::RingFetch& fetch) noexcept {
+    fetch_args_[0] = &fetch;
     cudaKernelNodeParams params{};
-    params.func = reinterpret_cast<void*>(library.copy(batch.log2_capacity()));
-    params.gridDim = dim3(batch.blocks(max_blocks_));
-    params.blockDim = dim3(config::copy_block_threads);
-    params.sharedMemBytes = 0;
-    params.kernelParams = args_;
-    params.extra = nullptr;
+    params.func = reinterpret_cast<void*>(library.ring_fetch());
+    params.gridDim = dim3(1);
+    params.blockDim = dim3(config::copy_table_max);
+    params.kernelParams = fetch_args_;
     return params;
   }
 
-  cudaGraphNode_t node_ = nullptr;  // in the graph the executable was instantiated from
+  void set_enabled(cudaGraphExec_t exec, bool enabled, const tensorplay::source_location& where) {
+    check(exec_set_node_enabled(exec, nodes_.fetch, enabled), "cudaGraphNodeSetEnabled (stage_and_launch fetch node)", where);
+    check(exec_set_node_enabled(exec, nodes_.copy, enabled), "cudaGraphNodeSetEnabled (stage_and_launch copy node)", where);
+    enabled_ = enabled;
+  }
+
+  [[nodiscard]] bool plan_differs(const CopyBatch& batch) const noexcept {
+    const int count = batch.count();
+    bool differs = count != plan_count_;
+    for (int i = 0; i < count; ++i) {
+      const kernels::CopyEntry& e = batch.entry(i);
+      differs |= (e.dst != targets_[i].dst) | (e.bytes != targets_[i].bytes);
+    }
+    return differs;
+  }
+
+  // Points the nodes of `exec` at `batch`'s destinations (cudaGraphExecKernelNodeSetParams).
+  void set_plan(cudaGraphExec_t exec, const CopyBatch& batch, const tensorplay::source_location& where) {
+    const KernelLibrary& library = KernelLibrary::on(device_, where);
+    const int count = batch.count();
+    plan_count_ = 0;  // no plan while the two nodes may disagree
+    with_capacity(batch.log2_capacity(), [&]<int Capacity>() {
+      auto plan = std::make_unique<kernels::RingCopyPlan<Capacity>>();
+      plan->state = ring_->device_state();
+      plan->status = ring_->device_status();
+      plan->count = count;
+      for (int i = 0; i <= count; ++i) plan->first_tile[i] = batch.first_tile(i);
+      for (int i = 0; i < count; ++i) plan->targets[i] = {batch.entry(i).dst, batch.entry(i).bytes};
+      void* args[] = {plan.get()};
+      cudaKernelNodeParams params{};
+      params.func = reinterpret_cast<void*>(library.ring_copy(batch.log2_capacity()));
+      params.gridDim = dim3(batch.blocks(max_blocks_));
+      params.blockDim = dim3(config::copy_block_threads);
+      params.kernelParams = args;
+      check(exec_set_kernel_params(exec, nodes_.copy, params), "cudaGraphExecKernelNodeSetParams (stage_and_launch copy node)",
+            where);
+    });
+    kernels::RingFetch fetch = fetch_params(count);
+    check(exec_set_kernel_params(exec, nodes_.fetch, fetch_node_params(library, fetch)),
+          "cudaGraphExecKernelNodeSetParams (stage_and_launch fetch node)", where);
+    for (int i = 0; i < count; ++i) targets_[i] = {batch.entry(i).dst, batch.entry(i).bytes};
+    plan_count_ = count;
+  }
+
+  std::unique_ptr<StagingRing> ring_;
+  StagingNodes nodes_;  // in the graph the executable was instantiated from
   int device_ = -1;
   unsigned max_blocks_ = 1;
   bool enabled_ = false;
-  void* args_[1] = {};
+  unsigned long long sequence_ = 0;  // the next call's slot sequence
+  int plan_count_ = 0;               // the nodes' plan: its entries' destinations and sizes
+  kernels::CopyTarget targets_[config::copy_table_max] = {};
+  void* fetch_args_[1] = {};
 };
 
 }  // namespace tensorplay::detail

@@ -367,6 +367,9 @@ class Graph {
     if constexpr (sizeof...(S) == sizeof...(I)) {
       static_assert((detail::check_stage_pair<std::remove_cvref_t<S>, std::remove_cvref_t<I>>() && ...));
       require_executable("stage_and_launch", where);
+      if (detail::stream_is_capturing(stream.get(), where)) [[unlikely]]
+        detail::throw_usage("stage_and_launch: the stream is being captured; stage outside the capture, or replay() "
+                            "the graph inside it (a child graph) after copying the inputs there");
       const auto plans = detail::plan_pairs(static_inputs, inputs, device_, static_order_, where);
 
       std::size_t batched = 0;
@@ -381,7 +384,7 @@ class Graph {
         replay(stream, where);
         return;
       }
-      Staging& staging = prepare_staging(where);
+      Staging& staging = prepare_staging(stream.get(), where);
       detail::CopyBatch& batch = staging.batch;
       batch.start(batched < static_cast<std::size_t>(config::copy_table_max) ? batched : config::copy_table_max);
       [&]<std::size_t... k>(std::index_sequence<k...>) {
@@ -399,8 +402,9 @@ class Graph {
             ...);
       }(std::index_sequence_for<S...>{});
       if (!all_batched) issue_unbatched(plans, static_inputs, inputs, stream, where);
-      staging.node.set(exec_.get(), batch, where);
+      const bool by_node = staging.node.stage(exec_.get(), batch, stream.get(), where);
       detail::check(detail::graph_launch(exec_.get(), stream.get()), "cudaGraphLaunch", where);
+      if (by_node) staging.node.launched();
     }
   }
 
@@ -516,13 +520,17 @@ class Graph {
   // update(): the new version replaces the old one in the executable.
   UpdateResult replace(detail::GraphHandle graph, const tensorplay::source_location& where) {
     retained_.retain_on(graph.get(), where);
-    cudaGraphNode_t copy = nullptr;
+    detail::StagingNodes copy;
     if (staging_) copy = staging_->node.add_to(graph.get(), device_, where);
     UpdateResult result;
     if (exec_ && exec_.try_update(graph.get(), result, where)) {
       result.outcome = UpdateOutcome::Updated;
-      // The copy node is named by the graph the executable was instantiated from: keep it.
-      if (staging_ && !origin_) origin_ = std::move(graph_);
+      // The copy node is named by the graph the executable was instantiated from: keep it. Its
+      // parameters are now the new graph's node's (no plan).
+      if (staging_) {
+        if (!origin_) origin_ = std::move(graph_);
+        staging_->node.recompiled();
+      }
     } else {
       result.outcome = UpdateOutcome::Reinstantiated;
       origin_.reset();
@@ -646,9 +654,11 @@ class Graph {
 
   // The copy node, made on the first stage_and_launch that batches: added to the graph, which
   // is compiled again with it (CUDA allows a graph with conditional nodes one executable).
-  Staging& prepare_staging(const tensorplay::source_location& where) {
+  Staging& prepare_staging(cudaStream_t stream, const tensorplay::source_location& where) {
     if (staging_) return *staging_;
-    auto staging = std::make_unique<Staging>();
+    detail::RingGraveyard::instance().sweep();
+    auto staging = std::make_unique<Staging>(
+        Staging{detail::CopyNode(std::make_unique<detail::StagingRing>(device_, stream, where)), {}});
     staging->node.adopt(staging->node.add_to(graph_.get(), device_, where));
     instantiate_exec(graph_.get(), std::nullopt, where);
     staging_ = std::move(staging);

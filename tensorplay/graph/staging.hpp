@@ -25,6 +25,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -163,9 +164,11 @@ inline StagePlan classify(std::size_t index, const PairFacts& f, int device) {
 
 //! The bytes a tensor's elements span, [begin, end): for strided tensors, from the lowest to the
 //! highest element address.
+//! No default member initializers: planning fills arrays of them, and zeroing those first costs
+//! as much as the rest of a 32-pair plan.
 struct ByteRange {
-  std::uintptr_t begin = 0;
-  std::uintptr_t end = 0;
+  std::uintptr_t begin;
+  std::uintptr_t end;
   [[nodiscard]] bool empty() const noexcept { return begin == end; }
   [[nodiscard]] bool overlaps(const ByteRange& other) const noexcept {
     return !empty() && !other.empty() && begin < other.end && other.begin < end;
@@ -195,46 +198,92 @@ ByteRange byte_range(const T& t) noexcept {
 //! The static buffers of the last stage_and_launch, sorted by address: most calls stage onto the
 //! same buffers, so check_overlaps sorts them only when they change.
 struct StaticOrder {
-  std::vector<ByteRange> statics;  // in pair order, as last checked
-  std::vector<std::size_t> order;  // pair indices by address
+  std::vector<ByteRange> statics;      // in pair order, as last checked
+  std::vector<ByteRange> inputs;       // the inputs of the last call that passed, in pair order
+  std::vector<std::size_t> order;      // pair indices by address
+  std::vector<std::uintptr_t> ends;    // statics[order[k]].end, ascending
+  std::uintptr_t low = 0;              // the lowest begin and the highest end of all static buffers
+  std::uintptr_t high = 0;
 };
+
+//! Sorts `statics` by address into `cache`, refusing static buffers that overlap each other.
+template <std::size_t N>
+void order_statics(const std::array<ByteRange, N>& statics, StaticOrder& cache) {
+  std::vector<std::size_t> order;  // the static buffers that hold bytes (an empty one overlaps nothing)
+  order.reserve(N);
+  for (std::size_t i = 0; i < N; ++i)
+    if (!statics[i].empty()) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return statics[a].begin < statics[b].begin; });
+  for (std::size_t k = 1; k < order.size(); ++k)
+    if (statics[order[k - 1]].overlaps(statics[order[k]]))
+      throw_usage("stage_and_launch: pairs " + std::to_string(order[k - 1]) + " and " + std::to_string(order[k]) +
+                  " name overlapping static buffers (the same buffer twice?)");
+  cache.statics.assign(statics.begin(), statics.end());
+  cache.ends.resize(order.size());
+  for (std::size_t k = 0; k < order.size(); ++k) cache.ends[k] = statics[order[k]].end;  // ascending: no overlaps
+  cache.low = order.empty() ? 0 : statics[order.front()].begin;
+  cache.high = order.empty() ? 0 : statics[order.back()].end;
+  cache.order = std::move(order);
+}
 
 //! Refuses, before anything is issued, pairs whose copies would read what another copy writes:
 //! static buffers that overlap each other, and inputs that overlap any static buffer (except an
 //! input that is its own static buffer, planned as Skip). The static buffers are sorted by
-//! address (once, while they stay the same), so each input costs a binary search.
+//! address (once, while they stay the same). An input outside the span of all static buffers
+//! costs two comparisons; one inside it a binary search.
 template <std::size_t N>
 void check_overlaps(const std::array<ByteRange, N>& statics, const std::array<ByteRange, N>& inputs,
                     const std::array<StagePlan, N>& plans, StaticOrder& cache) {
-  const bool same = cache.statics.size() == N && std::equal(statics.begin(), statics.end(), cache.statics.begin(),
-                                                            [](const ByteRange& a, const ByteRange& b) {
-                                                              return a.begin == b.begin && a.end == b.end;
-                                                            });
-  if (!same) {
-    std::vector<std::size_t> order(N);
-    for (std::size_t i = 0; i < N; ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return statics[a].begin < statics[b].begin; });
-    for (std::size_t k = 1; k < N; ++k)
-      if (statics[order[k - 1]].overlaps(statics[order[k]]))
-        throw_usage("stage_and_launch: pairs " + std::to_string(order[k - 1]) + " and " + std::to_string(order[k]) +
-                    " name overlapping static buffers (the same buffer twice?)");
-    cache.statics.assign(statics.begin(), statics.end());
-    cache.order = std::move(order);
+  static_assert(sizeof(ByteRange) == 2 * sizeof(std::uintptr_t));  // no padding: compared as bytes
+  if (cache.statics.size() != N || std::memcmp(statics.data(), cache.statics.data(), sizeof(statics)) != 0) {
+    order_statics(statics, cache);
+    cache.inputs.assign(N, ByteRange{0, 0});
+  } else if (std::memcmp(inputs.data(), cache.inputs.data(), sizeof(inputs)) == 0) {
+    return;  // the last call's pairs exactly: they passed
   }
-  const std::vector<std::size_t>& order = cache.order;
   for (std::size_t i = 0; i < N; ++i) {
-    if (plans[i].kind == StageKind::Skip || inputs[i].empty()) continue;
+    const ByteRange& in = inputs[i];
+    if (in.end <= cache.low || in.begin >= cache.high || plans[i].kind == StageKind::Skip || in.empty()) continue;
+    // The same input as in the last call that passed, onto the same static buffers: checked then.
+    if (in.begin == cache.inputs[i].begin && in.end == cache.inputs[i].end) continue;
     // The first static buffer (by address) that ends after the input begins: the only one that
     // can overlap it, since the static buffers do not overlap each other.
-    const auto it = std::partition_point(order.begin(), order.end(),
-                                         [&](std::size_t j) { return statics[j].end <= inputs[i].begin; });
-    if (it == order.end() || !statics[*it].overlaps(inputs[i])) continue;
-    if (*it == i)
+    const std::uintptr_t* base = cache.ends.data();  // not empty: the input lies within [low, high)
+    std::size_t n = cache.ends.size();
+    while (n > 1) {
+      const std::size_t half = n / 2;
+      base = base[half - 1] <= in.begin ? base + half : base;
+      n -= half;
+    }
+    const std::size_t k = static_cast<std::size_t>(base - cache.ends.data()) + (*base <= in.begin ? 1 : 0);
+    if (k == cache.ends.size()) continue;
+    const std::size_t j = cache.order[k];
+    if (!statics[j].overlaps(in)) continue;
+    if (j == i)
       throw_usage(pair_name(i) + ": the input overlaps its own static buffer (the copy would read what it writes); "
                                  "stage from a separate buffer");
-    throw_usage(pair_name(i) + ": the input overlaps the static buffer of pair " + std::to_string(*it) +
+    throw_usage(pair_name(i) + ": the input overlaps the static buffer of pair " + std::to_string(j) +
                 " (a copy would read what another writes)");
   }
+  std::copy(inputs.begin(), inputs.end(), cache.inputs.begin());  // every pair passed
+}
+
+//! A pair whose planning needs no pointer query: both sides contiguous, of one element type, and
+//! of a type that knows its device (DeviceTensor, thrust::device_vector).
+template <class S, class I>
+concept DevicePair = ContiguousTensor<S> && ContiguousTensor<I> && KnowsDevice<S> && KnowsDevice<I> &&
+                     std::same_as<std::remove_cv_t<element_t<S>>, std::remove_cv_t<element_t<I>>>;
+
+//! Plans a DevicePair with a few comparisons; anything unusual goes to classify, which says why.
+template <class S, class I>
+[[gnu::always_inline]] inline StagePlan plan_device_pair(std::size_t index, const S& dst, const I& src, int device, const tensorplay::source_location& where) {
+  const std::size_t n = tensor_size(dst);
+  if (n != tensor_size(src) || traits_of<S>::device(dst) != device) [[unlikely]]
+    return classify(index, facts_of(dst, src, where), device);  // throws, or plans an empty pair
+  if (n == 0 || static_cast<const void*>(tensor_data(src)) == static_cast<const void*>(tensor_data(dst))) return {};
+  const int source_device = traits_of<I>::device(src);
+  if (source_device != device) return {StageKind::Peer, source_device};
+  return {StageKind::Batched, device};
 }
 
 //! Checks and plans every (static buffer, input) pair of one call, before anything is issued.
@@ -242,16 +291,23 @@ template <class StaticTuple, class InputTuple>
 auto plan_pairs(const StaticTuple& statics, const InputTuple& inputs, int device, StaticOrder& cache,
                 const tensorplay::source_location& where) {
   constexpr std::size_t n = std::tuple_size_v<StaticTuple>;
-  std::array<PairFacts, n> facts;
+  std::array<StagePlan, n> plans;
   std::array<ByteRange, n> static_ranges;
   std::array<ByteRange, n> input_ranges;
   [&]<std::size_t... k>(std::index_sequence<k...>) {
-    ((facts[k] = facts_of(std::get<k>(statics), std::get<k>(inputs), where),
-      static_ranges[k] = byte_range(std::get<k>(statics)), input_ranges[k] = byte_range(std::get<k>(inputs))),
-     ...);
+    (
+        [&] {
+          const auto& dst = std::get<k>(statics);
+          const auto& src = std::get<k>(inputs);
+          using S = std::remove_cvref_t<decltype(dst)>;
+          using I = std::remove_cvref_t<decltype(src)>;
+          if constexpr (DevicePair<S, I>) plans[k] = plan_device_pair(k, dst, src, device, where);
+          else plans[k] = classify(k, facts_of(dst, src, where), device);
+          static_ranges[k] = byte_range(dst);
+          input_ranges[k] = byte_range(src);
+        }(),
+        ...);
   }(std::make_index_sequence<n>{});
-  std::array<StagePlan, n> plans;
-  for (std::size_t k = 0; k < n; ++k) plans[k] = classify(k, facts[k], device);
   check_overlaps(static_ranges, input_ranges, plans, cache);
   return plans;
 }

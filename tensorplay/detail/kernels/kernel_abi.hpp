@@ -31,6 +31,59 @@ struct CopyTable {
 inline constexpr int copy_capacity_count = 7;
 static_assert((1 << (copy_capacity_count - 1)) == config::copy_table_max);
 
+//! Where one staged copy goes. It stays the same from call to call while the static buffers do.
+struct CopyTarget {
+  void* dst;
+  std::size_t bytes;
+};
+
+//! One call's sources, written by the host into mapped host memory before the launch.
+//! `sequence` names the call: the fetch kernel takes it only when it is the launch it expects.
+struct RingSlot {
+  unsigned long long sequence;
+  const void* sources[config::copy_table_max];
+};
+
+//! What the staging kernels publish for the host, in mapped host memory: how many calls the
+//! fetch kernel has taken (the host may write their slots again), and how many the copy kernel
+//! has finished (once all have, nothing reads the ring any more, and it may be freed).
+struct RingStatus {
+  unsigned long long consumed;
+  unsigned long long done;
+};
+
+//! Device memory of a staging ring: the calls taken so far (the next slot to read), and the
+//! sources the fetch kernel took for the current launch, for the copy kernel.
+struct RingDeviceState {
+  unsigned long long taken;
+  unsigned blocks_done;  // blocks of the current copy that have finished
+  int staged;            // 1: `sources` are this launch's; 0: nothing was staged for it
+  const void* sources[config::copy_table_max];
+};
+
+//! The fetch kernel's parameters (one block of copy_table_max threads, the first node of a
+//! staged graph). It reads the launch's slot from host memory once, so that the copy kernel's
+//! blocks read device memory only: reads of host memory by every block of a copy serialise
+//! (a 4-input call took 40 us of device time that way on the H200).
+struct RingFetch {
+  const RingSlot* ring = nullptr;   // `slots` slots, mapped host memory
+  RingDeviceState* state = nullptr;  // device memory
+  RingStatus* status = nullptr;      // mapped host memory
+  int slots = 0;
+  int count = 0;  // 0: no plan yet (a node compiled from the graph): touches nothing
+};
+
+//! The copy kernel's parameters in a staged graph: where each copy goes, which stays the same
+//! while the static buffers do (the sources come from `state`, filled by the fetch kernel).
+template <int Capacity>
+struct RingCopyPlan {
+  RingDeviceState* state = nullptr;
+  RingStatus* status = nullptr;  // mapped host memory
+  int count = 0;  // 0: no plan yet: the kernel does nothing
+  std::uint32_t first_tile[Capacity + 1] = {};  // prefix sum of tiles per entry
+  CopyTarget targets[Capacity] = {};
+};
+
 //! A strided source for the gather kernel.
 struct StridedLayout {
   int rank = 0;
@@ -52,6 +105,10 @@ inline constexpr const char* set_handle_kernel_names[] = {
 inline constexpr const char* copy_kernel_names[copy_capacity_count] = {
     "tensorplay_copy_1", "tensorplay_copy_2", "tensorplay_copy_4", "tensorplay_copy_8",
     "tensorplay_copy_16", "tensorplay_copy_32", "tensorplay_copy_64"};
+inline constexpr const char* ring_copy_kernel_names[copy_capacity_count] = {
+    "tensorplay_ring_copy_1", "tensorplay_ring_copy_2", "tensorplay_ring_copy_4", "tensorplay_ring_copy_8",
+    "tensorplay_ring_copy_16", "tensorplay_ring_copy_32", "tensorplay_ring_copy_64"};
+inline constexpr const char* ring_fetch_kernel_name = "tensorplay_ring_fetch";
 inline constexpr const char* gather_kernel_name = "tensorplay_gather_convert";
 
 }  // namespace tensorplay::detail::kernels

@@ -49,16 +49,16 @@ __device__ __forceinline__ void copy_words(const char* src, char* dst, std::size
   }
 }
 
-//! Copies every entry of `table`. Blocks walk tiles in grid-stride order; a tile never spans two
-//! entries. Entries aligned to 16 (or 4) bytes move in 16-byte (4-byte) words.
-template <int Capacity>
-__device__ __forceinline__ void batched_copy(const CopyTable<Capacity>& table) {
-  const std::size_t total = table.first_tile[table.count];
+//! Copies every entry: entry_at(e) gives entry e. Blocks walk tiles in grid-stride order; a tile
+//! never spans two entries. Entries aligned to 16 (or 4) bytes move in 16-byte (4-byte) words.
+template <class EntryAt>
+__device__ __forceinline__ void copy_tiles(const std::uint32_t* first_tile, int count, EntryAt entry_at) {
+  const std::size_t total = first_tile[count];
   int e = 0;
   for (std::size_t tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    while (tile >= table.first_tile[e + 1]) ++e;
-    const CopyEntry entry = table.entries[e];
-    const std::size_t begin = (tile - table.first_tile[e]) * config::copy_tile_bytes;
+    while (tile >= first_tile[e + 1]) ++e;
+    const CopyEntry entry = entry_at(e);
+    const std::size_t begin = (tile - first_tile[e]) * config::copy_tile_bytes;
     const std::size_t end = begin + config::copy_tile_bytes < entry.bytes ? begin + config::copy_tile_bytes : entry.bytes;
     const char* src = static_cast<const char*>(entry.src);
     char* dst = static_cast<char*>(entry.dst);
@@ -74,6 +74,80 @@ __device__ __forceinline__ void batched_copy(const CopyTable<Capacity>& table) {
       done = words_end;
     }
     for (std::size_t i = done + threadIdx.x; i < end; i += config::copy_block_threads) dst[i] = src[i];
+  }
+}
+
+//! A copy table in shared memory. Kernels copy their table there from their parameters before
+//! copying: code that indexes a kernel parameter through a pointer makes the compiler copy the
+//! whole parameter block into every thread's local memory (a 7x slower copy, seen on the H200).
+template <int Capacity>
+struct SharedTable {
+  std::uint32_t first_tile[Capacity + 1];
+  CopyEntry entries[Capacity];
+};
+
+//! Copies every entry of `table` (a table passed by value: a launch outside the graph).
+template <int Capacity>
+__device__ __forceinline__ void batched_copy(const CopyTable<Capacity>& table) {
+  __shared__ SharedTable<Capacity> shared;
+  const int count = table.count;
+  for (int i = threadIdx.x; i <= count; i += blockDim.x) shared.first_tile[i] = table.first_tile[i];
+  for (int i = threadIdx.x; i < count; i += blockDim.x) shared.entries[i] = table.entries[i];
+  __syncthreads();
+  copy_tiles(shared.first_tile, count, [&](int e) { return shared.entries[e]; });
+}
+
+//! The fetch node of a staged graph: takes the sources of the call whose slot is next
+//! (state.taken % slots) into device memory for the copy node, advances state.taken and publishes
+//! it for the host. Launches of one executable run one after another, so the slot read is the
+//! one the host wrote for this launch, unless the host staged nothing for it (a plain replay that
+//! found the node enabled): the slot's sequence then differs, and nothing is taken.
+__device__ __forceinline__ void ring_fetch(const RingFetch& p) {
+  if (p.count == 0) return;  // no plan: touches nothing (the Graph that owned the ring may be gone)
+  __shared__ bool staged;
+  RingDeviceState& state = *p.state;
+  const unsigned long long call = *static_cast<volatile unsigned long long*>(&state.taken);
+  const RingSlot& slot = p.ring[call % static_cast<unsigned>(p.slots)];
+  // One read of host memory per thread, all at once; fetched again, never from a cache line of
+  // an earlier launch.
+  const int i = static_cast<int>(threadIdx.x);
+  const void* source = i < p.count ? reinterpret_cast<const void*>(__ldcv(reinterpret_cast<const unsigned long long*>(&slot.sources[i])))
+                                   : nullptr;
+  if (i == 0) staged = __ldcv(&slot.sequence) == call;
+  __syncthreads();
+  if (i == 0) state.staged = staged ? 1 : 0;
+  if (!staged) return;
+  if (i < p.count) state.sources[i] = source;
+  if (i == 0) {
+    state.taken = call + 1;
+    __threadfence_system();
+    *static_cast<volatile unsigned long long*>(&p.status->consumed) = call + 1;
+  }
+}
+
+//! The copy node of a staged graph: copies what the fetch node took for this launch. The last
+//! block to finish publishes the call as done for the host.
+template <int Capacity>
+__device__ __forceinline__ void ring_copy(const RingCopyPlan<Capacity>& plan) {
+  const int count = plan.count;
+  if (count == 0 || plan.state->staged == 0) return;  // uniform across the grid
+  __shared__ SharedTable<Capacity> shared;
+  for (int i = threadIdx.x; i <= count; i += blockDim.x) shared.first_tile[i] = plan.first_tile[i];
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    shared.entries[i].src = plan.state->sources[i];
+    shared.entries[i].dst = plan.targets[i].dst;
+    shared.entries[i].bytes = plan.targets[i].bytes;
+  }
+  __syncthreads();
+  copy_tiles(shared.first_tile, count, [&](int e) { return shared.entries[e]; });
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&plan.state->blocks_done, 1u) + 1 == gridDim.x) {
+      plan.state->blocks_done = 0;
+      __threadfence_system();
+      *static_cast<volatile unsigned long long*>(&plan.status->done) = plan.state->taken;
+    }
   }
 }
 
@@ -161,10 +235,16 @@ TENSORPLAY_SET_HANDLE(tensorplay_set_handle_i64, std::int64_t)
 TENSORPLAY_SET_HANDLE(tensorplay_set_handle_u64, std::uint64_t)
 #undef TENSORPLAY_SET_HANDLE
 
+// The copy kernels of one table capacity: the table by value (a launch of its own), and the
+// staged graph's copy node (the plan by value, the sources from the fetch node).
 #define TENSORPLAY_COPY(capacity)                                                                    \
   extern "C" __global__ void __launch_bounds__(tensorplay::config::copy_block_threads)                \
       tensorplay_copy_##capacity(const CopyTable<capacity> table) {                                  \
     batched_copy(table);                                                                             \
+  }                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(tensorplay::config::copy_block_threads)                \
+      tensorplay_ring_copy_##capacity(const RingCopyPlan<capacity> plan) {                           \
+    ring_copy(plan);                                                                                 \
   }
 TENSORPLAY_COPY(1)
 TENSORPLAY_COPY(2)
@@ -174,6 +254,10 @@ TENSORPLAY_COPY(16)
 TENSORPLAY_COPY(32)
 TENSORPLAY_COPY(64)
 #undef TENSORPLAY_COPY
+
+extern "C" __global__ void __launch_bounds__(tensorplay::config::copy_table_max) tensorplay_ring_fetch(const RingFetch p) {
+  ring_fetch(p);
+}
 
 //! dst[i] = convert(src at the i-th index of `layout`, row-major). With `from` == `to` ==
 //! Bytes, elements of `element_bytes` bytes are moved unchanged. Integers convert to integers
