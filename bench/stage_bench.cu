@@ -66,6 +66,29 @@ struct Staged {
     }(std::make_index_sequence<N>{});
   }
 
+  // Inputs that change at every call: four sets in turn (the first is `inputs`), so that no call
+  // stages the same inputs as the call before it.
+  std::vector<std::array<tp::DeviceTensor<float>, N>> rotation;
+  std::size_t turn = 0;
+
+  void prepare_rotation() {
+    rotation.resize(3);
+    for (auto& set : rotation)
+      for (auto& t : set) {
+        t = tp::DeviceTensor<float>(floats, stream);
+        BENCH_CUDA(cudaMemsetAsync(t.data(), 0, floats * sizeof(float), stream));
+      }
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+  }
+
+  void stage_rotating() {
+    const std::size_t r = turn++ % 4;
+    auto& set = r == 0 ? inputs : rotation[r - 1];
+    [&]<std::size_t... k>(std::index_sequence<k...>) {
+      graph.stage_and_launch(std::tie(statics[k]...), std::tie(set[k]...), stream);
+    }(std::make_index_sequence<N>{});
+  }
+
   void bare() { graph.replay(stream); }
 
   void memcpy_loop() {
@@ -114,6 +137,7 @@ struct Staged {
 template <std::size_t N>
 Staged<N>& small() {  // 256 KiB inputs
   static Staged<N> s(64 * 1024);
+  if (s.rotation.empty()) s.prepare_rotation();
   return s;
 }
 
@@ -127,7 +151,10 @@ void submit32(benchmark::State& state) { bench::compare_submit(state, batch, sma
 
 void scaling(benchmark::State& state) {
   bench::compare_submit(state, batch,
-                        {{"stage4", [] { small<4>().stage(); }}, {"stage32", [] { small<32>().stage(); }}});
+                        {{"stage4", [] { small<4>().stage(); }},
+                         {"stage32", [] { small<32>().stage(); }},
+                         {"stage4_rotating", [] { small<4>().stage_rotating(); }},
+                         {"stage32_rotating", [] { small<32>().stage_rotating(); }}});
 }
 
 void completion(benchmark::State& state) {
@@ -174,6 +201,12 @@ int main(int argc, char** argv) {
                     bench::verdict(c("submit4:memcpy_loop_us") / stage4, 5.0, false)});
     const double scale = c("scaling:stage32_us") / c("scaling:stage4_us");
     rows.push_back({"stage_and_launch, 32 inputs / 4 inputs (paired)", scale, "x", bench::verdict(scale, 1.15)});
+    const double rotating = c("scaling:stage32_rotating_us") / c("scaling:stage4_rotating_us");
+    rows.push_back({"  the same, inputs that change at every call: 32 / 4", rotating, "x", ""});
+    rows.push_back({"  inputs that change at every call / the same inputs, 4 inputs",
+                    c("scaling:stage4_rotating_us") / c("scaling:stage4_us"), "x", ""});
+    rows.push_back({"  inputs that change at every call / the same inputs, 32 inputs",
+                    c("scaling:stage32_rotating_us") / c("scaling:stage32_us"), "x", ""});
     const double done_stage = c("completion:stage_and_launch_us");
     const double done_loop = c("completion:memcpy_loop_us");
     rows.push_back({"4 inputs, launch to completion: stage_and_launch", done_stage, "us", ""});
