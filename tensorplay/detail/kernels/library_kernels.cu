@@ -235,16 +235,10 @@ TENSORPLAY_SET_HANDLE(tensorplay_set_handle_i64, std::int64_t)
 TENSORPLAY_SET_HANDLE(tensorplay_set_handle_u64, std::uint64_t)
 #undef TENSORPLAY_SET_HANDLE
 
-// The copy kernels of one table capacity: the table by value (a launch of its own), and the
-// staged graph's copy node (the plan by value, the sources from the fetch node).
 #define TENSORPLAY_COPY(capacity)                                                                    \
   extern "C" __global__ void __launch_bounds__(tensorplay::config::copy_block_threads)                \
       tensorplay_copy_##capacity(const CopyTable<capacity> table) {                                  \
     batched_copy(table);                                                                             \
-  }                                                                                                  \
-  extern "C" __global__ void __launch_bounds__(tensorplay::config::copy_block_threads)                \
-      tensorplay_ring_copy_##capacity(const RingCopyPlan<capacity> plan) {                           \
-    ring_copy(plan);                                                                                 \
   }
 TENSORPLAY_COPY(1)
 TENSORPLAY_COPY(2)
@@ -254,6 +248,20 @@ TENSORPLAY_COPY(16)
 TENSORPLAY_COPY(32)
 TENSORPLAY_COPY(64)
 #undef TENSORPLAY_COPY
+
+#define TENSORPLAY_RING_COPY(capacity)                                                               \
+  extern "C" __global__ void __launch_bounds__(tensorplay::config::copy_block_threads)                \
+      tensorplay_ring_copy_##capacity(const RingCopyPlan<capacity> plan) {                           \
+    ring_copy(plan);                                                                                 \
+  }
+TENSORPLAY_RING_COPY(1)
+TENSORPLAY_RING_COPY(2)
+TENSORPLAY_RING_COPY(4)
+TENSORPLAY_RING_COPY(8)
+TENSORPLAY_RING_COPY(16)
+TENSORPLAY_RING_COPY(32)
+TENSORPLAY_RING_COPY(64)
+#undef TENSORPLAY_RING_COPY
 
 extern "C" __global__ void __launch_bounds__(tensorplay::config::copy_table_max) tensorplay_ring_fetch(const RingFetch p) {
   ring_fetch(p);
