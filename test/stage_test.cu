@@ -320,7 +320,9 @@ TP_GPU_TEST(static_buffers_that_change_between_queued_calls_each_get_their_calls
 }
 
 TP_GPU_TEST(graph_destroyed_while_staged_calls_still_wait_keeps_their_ring_until_they_ran) {
-  // The ring is host memory the queued launches read: it must outlive them, not the Graph.
+  // The ring is host memory the queued launches read: it must outlive them, not the Graph. Once
+  // they are done, the next Graph that stages reuses it.
+  auto& graveyard = tp::detail::RingGraveyard::instance();
   tp::Stream stream;
   const std::size_t n = 1024;
   tp::DeviceTensor<float> acc(n, stream);
@@ -332,16 +334,21 @@ TP_GPU_TEST(graph_destroyed_while_staged_calls_still_wait_keeps_their_ring_until
     for (int i = 0; i < 100; ++i) g.graph.stage_and_launch(std::tie(g.input), std::tie(xs[i]), stream);
     // The accumulator is the graph's; copy it out in stream order, after every queued call.
     BOOST_REQUIRE_EQUAL(cudaMemcpyAsync(acc.data(), g.acc.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, stream), cudaSuccess);
-    BOOST_TEST(tp::detail::RingGraveyard::instance().size() == 0u);
+    BOOST_TEST(graveyard.waiting() == 0u);
   }  // ~Graph while the GPU still spins: its ring waits in the graveyard
-  BOOST_TEST(tp::detail::RingGraveyard::instance().size() == 1u);
+  BOOST_TEST(graveyard.waiting() == 1u);
   const auto out = acc.to_host(stream);
   BOOST_TEST(out[0] == 5050.0f);
   BOOST_TEST(out[n - 1] == 5050.0f);
   BOOST_TEST(cudaGetLastError() == cudaSuccess);
-  tp::detail::RingGraveyard::instance().sweep();  // every call is done: freed, on the reaper thread
-  BOOST_TEST(tp::detail::RingGraveyard::instance().size() == 0u);
-  tp::detail::Reaper::instance().drain();
+  graveyard.sweep();  // every call is done: a spare now
+  BOOST_TEST(graveyard.waiting() == 0u);
+  const std::size_t spares = graveyard.spares();
+  BOOST_TEST(spares >= 1u);
+  AccumulatingGraph next(n, stream);  // takes the spare, emptied
+  next.graph.stage_and_launch(std::tie(next.input), std::tie(xs[41]), stream);
+  BOOST_TEST(graveyard.spares() == spares - 1);
+  BOOST_TEST(next.acc.to_host(stream)[n - 1] == 42.0f);
 }
 
 TP_GPU_TEST(stage_and_launch_on_a_capturing_stream_throws_usage_error_and_leaves_the_capture_intact) {

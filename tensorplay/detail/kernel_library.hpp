@@ -56,6 +56,9 @@ class KernelLibrary {
     return library;
   }
 
+  //! Whether the library is loaded and ready on `device` (on() has succeeded for it).
+  TENSORPLAY_PROCESS_WIDE static bool ready_on(int device) noexcept { return ready_flags()[device].load(std::memory_order_acquire); }
+
   //! The set-handle kernel for a value of type V (bool, or an integral switch index).
   template <class V>
   [[nodiscard]] cudaKernel_t set_handle() const noexcept {
@@ -106,10 +109,10 @@ class KernelLibrary {
 
   // Loads the module on `device` once: asking a kernel's attributes there makes the driver load it.
   void prepare(int device, const tensorplay::source_location& where) const {
-    if (ready_[device].load(std::memory_order_acquire)) [[likely]]
+    if (ready_flags()[device].load(std::memory_order_acquire)) [[likely]]
       return;
     std::lock_guard lock(mutex_);
-    if (ready_[device].load(std::memory_order_relaxed)) return;
+    if (ready_flags()[device].load(std::memory_order_relaxed)) return;
     DeviceGuard guard(device, where);
     RelaxedCaptureMode relaxed;
     cudaFuncAttributes attributes{};
@@ -118,7 +121,7 @@ class KernelLibrary {
     for (cudaKernel_t k : ring_copy_) TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k)), where);
     TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(ring_fetch_)), where);
     TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(gather_)), where);
-    ready_[device].store(true, std::memory_order_release);
+    ready_flags()[device].store(true, std::memory_order_release);
   }
 
   std::unique_ptr<std::uint64_t[]> image_;
@@ -129,7 +132,11 @@ class KernelLibrary {
   cudaKernel_t ring_fetch_ = nullptr;
   cudaKernel_t gather_ = nullptr;
   mutable std::mutex mutex_;
-  mutable std::array<std::atomic<bool>, config::max_devices> ready_{};
+  // Per device: loaded there. Apart from the library itself, so that ready_on() never loads it.
+  TENSORPLAY_PROCESS_WIDE static std::array<std::atomic<bool>, config::max_devices>& ready_flags() noexcept {
+    static std::array<std::atomic<bool>, config::max_devices> flags{};
+    return flags;
+  }
 };
 
 //! Launches `kernel(args...)` (a kernel of the library, or a kernel function of an nvcc TU) on

@@ -1,5 +1,5 @@
-// tensorplay/detail/reaper.hpp: destroys objects retained by graphs (Graph::retain), and staging
-// rings whose graphs are gone, on a thread of the library's own.
+// tensorplay/detail/reaper.hpp: destroys objects retained by graphs (Graph::retain), on a thread
+// of the library's own.
 //
 // CUDA releases a user object when the last graph, executable and launch that hold it are gone,
 // and calls its destructor callback on an internal thread that must not call CUDA. A retained
@@ -52,15 +52,6 @@ class Reaper {
     }
     r.pending_.fetch_add(1, std::memory_order_release);
     r.pending_.notify_all();
-  }
-
-  //! Destroys `object` on the reaper thread, whose waits block nobody (freeing device memory
-  //! synchronises the device).
-  template <class T>
-  static void destroy_later(T&& object) {
-    auto box = std::make_unique<RetainedValue<std::remove_cvref_t<T>>>(std::forward<T>(object));
-    instance();  // started before the object is queued
-    enqueue(box.release());
   }
 
   //! Blocks until every object handed over so far is destroyed.

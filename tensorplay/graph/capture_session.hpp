@@ -15,6 +15,7 @@
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/driver_api.hpp>
 #include <tensorplay/detail/handles.hpp>
+#include <tensorplay/detail/kernel_library.hpp>
 #include <tensorplay/detail/stream_lifetime.hpp>
 #include <tensorplay/detail/thread_streams.hpp>
 #include <tensorplay/error.hpp>
@@ -61,6 +62,18 @@ class CaptureSession final : public CaptureOwner {
              const tensorplay::source_location& where) {
     if (stream_is_capturing(stream, where))
       throw_usage("capture_begin: the stream is already being captured (nested captures need their own stream)");
+    // The library's own kernels (conditional nodes, staging) are loaded now, while no capture is
+    // open, if they were not yet: loading them synchronises the device, which invalidates
+    // captures on other threads, thread-local ones included (memcheck run 32 of thread_test saw
+    // one invalidated when the first if_ of one thread loaded them). After the first time this is
+    // one atomic load. A failure here is left for the first use of the kernels to report.
+    if (!KernelLibrary::ready_on(device) && !CaptureRegistry::instance().any_open()) {
+      try {
+        (void)KernelLibrary::on(device, where);
+      } catch (const cuda_error&) {
+        (void)cudaGetLastError();
+      }
+    }
     check(begin_capture(stream, mode), "cudaStreamBeginCapture", where);
     // The capture's sequence id: a pool of the graph's must know it now; otherwise it is asked of
     // CUDA only if the capture allocates (see CaptureRegistry).

@@ -656,9 +656,7 @@ class Graph {
   // is compiled again with it (CUDA allows a graph with conditional nodes one executable).
   Staging& prepare_staging(cudaStream_t stream, const tensorplay::source_location& where) {
     if (staging_) return *staging_;
-    detail::RingGraveyard::instance().sweep();
-    auto staging = std::make_unique<Staging>(
-        Staging{detail::CopyNode(std::make_unique<detail::StagingRing>(device_, stream, where)), {}});
+    auto staging = std::make_unique<Staging>(Staging{detail::CopyNode(detail::RingGraveyard::instance().take(device_, stream, where)), {}});
     staging->node.adopt(staging->node.add_to(graph_.get(), device_, where));
     instantiate_exec(graph_.get(), std::nullopt, where);
     staging_ = std::move(staging);
