@@ -35,6 +35,20 @@
 
 namespace tensorplay::detail {
 
+//! Calls f.template operator()<Capacity>() for the table capacity 1 << log2_capacity.
+template <class F>
+decltype(auto) with_capacity(int log2_capacity, F&& f) {
+  switch (log2_capacity) {
+    case 0: return f.template operator()<1>();
+    case 1: return f.template operator()<2>();
+    case 2: return f.template operator()<4>();
+    case 3: return f.template operator()<8>();
+    case 4: return f.template operator()<16>();
+    case 5: return f.template operator()<32>();
+    default: return f.template operator()<64>();
+  }
+}
+
 //! The copies of one stage_and_launch call, in the layout of the copy kernel of `log2_capacity`.
 class CopyBatch {
  public:
@@ -67,8 +81,8 @@ class CopyBatch {
     return tiles == 0 ? 1u : (tiles < max_blocks ? tiles : max_blocks);
   }
 
-  //! The kernel's parameter block (the table by value).
-  [[nodiscard]] void* parameters() noexcept { return storage_; }
+  //! The kernel's parameter block (the table by value; CUDA only reads it).
+  [[nodiscard]] void* parameters() const noexcept { return const_cast<unsigned char*>(storage_); }
 
   [[nodiscard]] const kernels::CopyEntry& entry(int i) const noexcept {
     return std::launder(reinterpret_cast<const kernels::CopyEntry*>(storage_ + entries_offset_))[i];
@@ -86,15 +100,7 @@ class CopyBatch {
     return offsetof(kernels::CopyTable<Capacity>, first_tile);
   }
   [[nodiscard]] std::size_t entries_offset() const noexcept {
-    switch (log2_capacity_) {
-      case 0: return offsetof(kernels::CopyTable<1>, entries);
-      case 1: return offsetof(kernels::CopyTable<2>, entries);
-      case 2: return offsetof(kernels::CopyTable<4>, entries);
-      case 3: return offsetof(kernels::CopyTable<8>, entries);
-      case 4: return offsetof(kernels::CopyTable<16>, entries);
-      case 5: return offsetof(kernels::CopyTable<32>, entries);
-      default: return offsetof(kernels::CopyTable<64>, entries);
-    }
+    return with_capacity(log2_capacity_, []<int Capacity>() { return offsetof(kernels::CopyTable<Capacity>, entries); });
   }
   int& header() noexcept { return *std::launder(reinterpret_cast<int*>(storage_)); }
   std::uint32_t& first_tile(int i) noexcept {
@@ -111,20 +117,6 @@ class CopyBatch {
   std::uint32_t tiles_ = 0;  // of the entries so far
   std::size_t entries_offset_ = offsetof(kernels::CopyTable<1>, entries);
 };
-
-//! Calls f.template operator()<Capacity>() for the table capacity 1 << log2_capacity.
-template <class F>
-decltype(auto) with_capacity(int log2_capacity, F&& f) {
-  switch (log2_capacity) {
-    case 0: return f.template operator()<1>();
-    case 1: return f.template operator()<2>();
-    case 2: return f.template operator()<4>();
-    case 3: return f.template operator()<8>();
-    case 4: return f.template operator()<16>();
-    case 5: return f.template operator()<32>();
-    default: return f.template operator()<64>();
-  }
-}
 
 //! The staging nodes of a graph: the fetch node, then the copy node, in front of every root.
 struct StagingNodes {
@@ -222,8 +214,7 @@ class CopyNode {
   //! larger than one table, or a full ring).
   void launch_now(const CopyBatch& batch, cudaStream_t stream, const tensorplay::source_location& where) const {
     const KernelLibrary& library = KernelLibrary::on(device_, where);
-    CopyBatch copy = batch;  // the launch reads its argument from here
-    void* args[] = {copy.parameters()};
+    void* args[] = {batch.parameters()};
     launch(reinterpret_cast<const void*>(library.copy(batch.log2_capacity())), dim3(batch.blocks(max_blocks_)),
            dim3(config::copy_block_threads), stream, false, args, "cudaLaunchKernelEx (tensorplay copy kernel)", where);
   }

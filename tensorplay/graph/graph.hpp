@@ -163,9 +163,7 @@ class Graph {
     require_executable("replay", where);
     if (detail::stream_is_capturing(stream.get(), where)) [[unlikely]]
       return add_to_capture(stream.get(), where);
-    if (staging_ && staging_->node.enabled()) [[unlikely]]
-      staging_->node.disable(exec_.get(), where);
-    detail::check(detail::graph_launch(exec_.get(), stream.get()), "cudaGraphLaunch", where);
+    launch_unstaged(stream.get(), where);
   }
 
   //! Abandons an open capture, destroys the graph and executable, and drops the pool reference
@@ -381,7 +379,7 @@ class Graph {
       const bool all_batched = batched + skipped == sizeof...(S);  // the common case: no pass over the others
       if (batched == 0) {
         issue_unbatched(plans, static_inputs, inputs, stream, where);
-        replay(stream, where);
+        launch_unstaged(stream.get(), where);  // checked above: an executable, a stream not capturing
         return;
       }
       Staging& staging = prepare_staging(stream.get(), where);
@@ -542,6 +540,14 @@ class Graph {
     has_conditionals_ = capturing_conditionals_;
     hold_retained_in_executable(where);  // objects retained by the update's body
     return result;
+  }
+
+  // Launches the executable on `stream` (not capturing) with the staging nodes off: they must
+  // not copy again what the last stage_and_launch staged.
+  void launch_unstaged(cudaStream_t stream, const tensorplay::source_location& where) {
+    if (staging_ && staging_->node.enabled()) [[unlikely]]
+      staging_->node.disable(exec_.get(), where);
+    detail::check(detail::graph_launch(exec_.get(), stream), "cudaGraphLaunch", where);
   }
 
   template <class F>
