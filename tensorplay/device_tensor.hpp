@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace tensorplay {
@@ -43,6 +44,7 @@ class DeviceTensor {
       : size_(n) {
     if (n == 0) return;
     block_ = detail::PoolBlock::on_current_stream(n * sizeof(T), where);
+    remember_block();
   }
 
   //! `n` uninitialised elements, allocated for use on `stream`.
@@ -50,9 +52,14 @@ class DeviceTensor {
       : size_(n) {
     if (n == 0) return;
     block_ = detail::PoolBlock(n * sizeof(T), stream.get(), [&] { return stream.device(where); }, where);
+    remember_block();
   }
 
-  DeviceTensor(DeviceTensor&& other) noexcept : block_(std::move(other.block_)), size_(std::exchange(other.size_, 0)) {}
+  DeviceTensor(DeviceTensor&& other) noexcept
+      : block_(std::move(other.block_)),
+        size_(std::exchange(other.size_, 0)),
+        data_(std::exchange(other.data_, nullptr)),
+        device_(std::exchange(other.device_, -1)) {}
   DeviceTensor& operator=(DeviceTensor&& other) noexcept {
     DeviceTensor moved(std::move(other));
     swap(moved);
@@ -65,16 +72,18 @@ class DeviceTensor {
   void swap(DeviceTensor& other) noexcept {
     std::swap(block_, other.block_);
     std::swap(size_, other.size_);
+    std::swap(data_, other.data_);
+    std::swap(device_, other.device_);
   }
 
-  [[nodiscard]] T* data() noexcept { return static_cast<T*>(block_.ptr()); }
-  [[nodiscard]] const T* data() const noexcept { return static_cast<const T*>(block_.ptr()); }
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
   //! Number of elements.
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] std::size_t bytes() const noexcept { return size_ * sizeof(T); }
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
   //! The device of the memory; -1 for an empty tensor.
-  [[nodiscard]] int device() const noexcept { return block_.pool() ? block_.pool()->device() : -1; }
+  [[nodiscard]] int device() const noexcept { return device_; }
   //! The pool the memory came from (empty for an empty tensor).
   [[nodiscard]] Pool pool() const noexcept { return Pool(block_.pool()); }
 
@@ -114,8 +123,17 @@ class DeviceTensor {
                           std::to_string(size_));
   }
 
+  // The block's address and device, kept beside it: stage_and_launch reads both of every tensor
+  // at every call, and the block's own are each behind a pointer.
+  void remember_block() noexcept {
+    data_ = static_cast<T*>(block_.ptr());
+    device_ = block_.pool() ? block_.pool()->device() : -1;
+  }
+
   detail::PoolBlock block_;
   std::size_t size_ = 0;
+  T* data_ = nullptr;
+  int device_ = -1;
 };
 
 template <class T>

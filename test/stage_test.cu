@@ -390,6 +390,126 @@ TP_GPUS_TEST(stage_and_launch_without_stream_launches_on_the_graphs_device_whate
   BOOST_REQUIRE_EQUAL(cudaSetDevice(0), cudaSuccess);
 }
 
+// ---- calls onto the static buffers of the last call (same_batched_plan, CopyNode::restage) ------------
+
+namespace {
+// out_k of an AffineGraph<N> after staging `values` (one value per input): 2 * value + k.
+template <std::size_t N>
+void expect_outputs(AffineGraph<N>& g, const std::array<float, N>& values, tp::StreamRef s, const char* step) {
+  for (std::size_t k = 0; k < N; ++k) {
+    const auto out = g.outs[k].to_host(s);
+    BOOST_TEST(out.front() == 2 * values[k] + static_cast<float>(k), step << ": pair " << k);
+    BOOST_TEST(out.back() == 2 * values[k] + static_cast<float>(k), step << ": pair " << k);
+  }
+}
+}  // namespace
+
+TP_GPU_TEST(repeated_calls_onto_the_same_static_buffers_stage_exactly_and_still_refuse_every_bad_pair) {
+  // After one call, calls onto the same static buffers skip planning: each step below must still
+  // copy exactly its own inputs, or throw before anything is issued.
+  tp::Stream stream;
+  const std::size_t n = 4096;
+  AffineGraph<3> g(n, stream);
+  auto filled = [&](float v, std::size_t size) {
+    tp::DeviceTensor<float> t(size, stream);
+    tp_test::fill(t.data(), size, v, stream);
+    return t;
+  };
+  tp::DeviceTensor<float> a = filled(1, n), b = filled(2, n), c = filled(3, n), d = filled(4, n), shorter = filled(9, n - 1);
+  g.graph.stage_and_launch(g.static_tuple(), std::tie(a, b, c), stream);  // plans, and remembers the plan
+  expect_outputs<3>(g, {1, 2, 3}, stream, "first call");
+  g.graph.stage_and_launch(g.static_tuple(), std::tie(c, a, b), stream);  // the same sources, other pairs
+  expect_outputs<3>(g, {3, 1, 2}, stream, "sources permuted");
+  g.graph.stage_and_launch(g.static_tuple(), std::tie(d, d, d), stream);  // one input for every pair
+  expect_outputs<3>(g, {4, 4, 4}, stream, "one input thrice");
+  // An input that is another pair's static buffer, and one shorter than its static buffer: refused,
+  // nothing copied, nothing launched.
+  BOOST_CHECK_THROW(g.graph.stage_and_launch(g.static_tuple(), std::tie(a, g.statics[0], c), stream), tp::usage_error);
+  BOOST_CHECK_THROW(g.graph.stage_and_launch(g.static_tuple(), std::tie(a, b, shorter), stream), tp::usage_error);
+  expect_outputs<3>(g, {4, 4, 4}, stream, "after the refused calls");
+  BOOST_TEST(g.statics[1].to_host(stream)[0] == 4.0f);
+  // An input that is its own static buffer: not copied (it holds 4 from the call before).
+  g.graph.stage_and_launch(g.static_tuple(), std::tie(a, g.statics[1], c), stream);
+  expect_outputs<3>(g, {1, 4, 3}, stream, "an input that is its own static buffer");
+  g.graph.stage_and_launch(g.static_tuple(), std::tie(b, b, b), stream);
+  expect_outputs<3>(g, {2, 2, 2}, stream, "after a skipped pair");
+  // A plain replay between calls turns the copy node off; the next call turns it on again.
+  tp_test::fill(g.statics[2].data(), n, 7.0f, stream);
+  g.graph.replay(stream);
+  expect_outputs<3>(g, {2, 2, 7}, stream, "plain replay");
+  g.graph.stage_and_launch(g.static_tuple(), std::tie(c, b, a), stream);
+  expect_outputs<3>(g, {3, 2, 1}, stream, "after a plain replay");
+  // Static buffers replaced by others: planned again, and the old ones are not written.
+  AffineGraph<3> h(n, stream);
+  h.graph.stage_and_launch(h.static_tuple(), std::tie(a, b, c), stream);
+  for (int k = 0; k < 3; ++k) std::swap(g.statics[k], h.statics[k]);  // g's graph reads its old buffers, now h's
+  g.graph.stage_and_launch(g.static_tuple(), std::tie(d, d, d), stream);  // onto other buffers: g's graph reads none
+  expect_outputs<3>(g, {3, 2, 1}, stream, "static buffers the graph does not read");
+  BOOST_TEST(h.statics[0].to_host(stream)[0] == 3.0f);  // g's captured buffers kept the last call's inputs
+  BOOST_TEST(g.statics[0].to_host(stream)[0] == 4.0f);
+}
+
+TP_GPU_TEST(inputs_that_change_at_every_call_within_the_static_buffers_span_each_stage_their_own_values) {
+  // Inputs allocated between the static buffers lie within their address span: the quick check
+  // searches them, and one that overlaps a static buffer is still refused.
+  tp::Stream stream;
+  const std::size_t n = 1024;
+  constexpr int sets = 4;
+  std::array<tp::DeviceTensor<float>, 4> statics;
+  std::array<std::array<tp::DeviceTensor<float>, 4>, sets> inputs;
+  for (std::size_t k = 0; k < 4; ++k) {
+    statics[k] = tp::DeviceTensor<float>(n, stream);
+    for (int r = 0; r < sets; ++r) {
+      inputs[r][k] = tp::DeviceTensor<float>(n, stream);
+      tp_test::fill(inputs[r][k].data(), n, static_cast<float>(10 * r + k), stream);
+    }
+  }
+  tp::DeviceTensor<float> acc(4 * n, stream);
+  tp_test::fill(acc.data(), acc.size(), 0.0f, stream);
+  tp::Graph graph;
+  graph.capture([&](tp::StreamRef s) {
+    for (std::size_t k = 0; k < 4; ++k) accumulate<<<4, 256, 0, s>>>(statics[k].data(), acc.data() + k * n, n);
+  }, {.stream = stream});
+  auto st = std::tie(statics[0], statics[1], statics[2], statics[3]);
+  const int calls = 40;
+  for (int i = 0; i < calls; ++i) {
+    auto& in = inputs[i % sets];
+    graph.stage_and_launch(st, std::tie(in[0], in[1], in[2], in[3]), stream);
+    if (i == 17)  // an overlap among changing inputs
+      BOOST_CHECK_THROW(graph.stage_and_launch(st, std::tie(in[0], statics[3], in[2], in[3]), stream), tp::usage_error);
+  }
+  const auto out = acc.to_host(stream);
+  for (std::size_t k = 0; k < 4; ++k) {
+    float expected = 0;
+    for (int i = 0; i < calls; ++i) expected += static_cast<float>(10 * (i % sets) + static_cast<int>(k));
+    BOOST_TEST(out[k * n] == expected, "pair " << k);
+    BOOST_TEST(out[k * n + n - 1] == expected, "pair " << k);
+  }
+}
+
+TP_GPUS_TEST(an_input_moved_to_another_gpu_after_repeated_calls_is_copied_peer_to_peer, 2) {
+  tp::Stream stream;
+  const std::size_t n = 2048;
+  AffineGraph<2> g(n, stream);
+  tp::DeviceTensor<float> a(n, stream), b(n, stream);
+  tp_test::fill(a.data(), n, 1.0f, stream);
+  tp_test::fill(b.data(), n, 2.0f, stream);
+  g.graph.stage_and_launch(g.static_tuple(), std::tie(a, b), stream);
+  g.graph.stage_and_launch(g.static_tuple(), std::tie(b, a), stream);
+  expect_outputs<2>(g, {2, 1}, stream, "on the graph's device");
+  stream.synchronize();
+  BOOST_REQUIRE_EQUAL(cudaSetDevice(1), cudaSuccess);
+  tp::Stream other(1);
+  tp::DeviceTensor<float> remote(n, other);
+  tp_test::fill(remote.data(), n, 5.0f, other);
+  other.synchronize();
+  BOOST_REQUIRE_EQUAL(cudaSetDevice(0), cudaSuccess);
+  g.graph.stage_and_launch(g.static_tuple(), std::tie(a, remote), stream);
+  expect_outputs<2>(g, {1, 5}, stream, "an input on GPU 1");
+  g.graph.stage_and_launch(g.static_tuple(), std::tie(b, a), stream);
+  expect_outputs<2>(g, {2, 1}, stream, "back on the graph's device");
+}
+
 // ---- misuse: usage_error, and nothing is copied ----------------------------------------------------
 
 TP_GPU_TEST(size_mismatch_throws_before_anything_is_copied) {

@@ -204,6 +204,18 @@ class CopyNode {
     return true;
   }
 
+  //! stage() for a call whose pairs are those of the nodes' plan, in its order, with new sources
+  //! (same_batched_plan said so): writes the sources to the ring and enables the nodes. False,
+  //! doing nothing, when the ring is full or the nodes have no plan of `count` pairs (compiled
+  //! again since): the caller then takes the general path.
+  bool restage(cudaGraphExec_t exec, const void* const* sources, int count, const tensorplay::source_location& where) {
+    if (count != plan_count_ || !ring_->has_room(sequence_)) [[unlikely]]
+      return false;
+    if (!enabled_) set_enabled(exec, true, where);
+    ring_->write(sequence_, count, [&](int i) { return sources[i]; });
+    return true;
+  }
+
   //! The call readied by stage() was launched: the next call uses the next slot.
   void launched() noexcept { ++sequence_; }
 

@@ -204,7 +204,28 @@ struct StaticOrder {
   std::vector<std::uintptr_t> ends;    // statics[order[k]].end, ascending
   std::uintptr_t low = 0;              // the lowest begin and the highest end of all static buffers
   std::uintptr_t high = 0;
+  // The last call that passed copied every pair through the copy node, whose plan (destinations
+  // and sizes) is then `statics`: set by the caller after such a call, cleared by plan_pairs.
+  bool batched_plan = false;
 };
+
+//! The pair whose static buffer overlaps `in` (cache.statics in pair order), or -1. Only the
+//! first static buffer by address that ends after `in` begins can, since they do not overlap
+//! each other.
+inline std::ptrdiff_t overlapped_static(const StaticOrder& cache, const ByteRange& in) noexcept {
+  if (in.empty() || in.end <= cache.low || in.begin >= cache.high) return -1;
+  const std::uintptr_t* base = cache.ends.data();  // not empty: the input lies within [low, high)
+  std::size_t n = cache.ends.size();
+  while (n > 1) {
+    const std::size_t half = n / 2;
+    base = base[half - 1] <= in.begin ? base + half : base;
+    n -= half;
+  }
+  const std::size_t k = static_cast<std::size_t>(base - cache.ends.data()) + (*base <= in.begin ? 1 : 0);
+  if (k == cache.ends.size()) return -1;
+  const std::size_t j = cache.order[k];
+  return cache.statics[j].overlaps(in) ? static_cast<std::ptrdiff_t>(j) : -1;
+}
 
 //! Sorts `statics` by address into `cache`, refusing static buffers that overlap each other.
 template <std::size_t N>
@@ -243,23 +264,12 @@ void check_overlaps(const std::array<ByteRange, N>& statics, const std::array<By
   }
   for (std::size_t i = 0; i < N; ++i) {
     const ByteRange& in = inputs[i];
-    if (in.end <= cache.low || in.begin >= cache.high || plans[i].kind == StageKind::Skip || in.empty()) continue;
+    if (plans[i].kind == StageKind::Skip) continue;
     // The same input as in the last call that passed, onto the same static buffers: checked then.
     if (in.begin == cache.inputs[i].begin && in.end == cache.inputs[i].end) continue;
-    // The first static buffer (by address) that ends after the input begins: the only one that
-    // can overlap it, since the static buffers do not overlap each other.
-    const std::uintptr_t* base = cache.ends.data();  // not empty: the input lies within [low, high)
-    std::size_t n = cache.ends.size();
-    while (n > 1) {
-      const std::size_t half = n / 2;
-      base = base[half - 1] <= in.begin ? base + half : base;
-      n -= half;
-    }
-    const std::size_t k = static_cast<std::size_t>(base - cache.ends.data()) + (*base <= in.begin ? 1 : 0);
-    if (k == cache.ends.size()) continue;
-    const std::size_t j = cache.order[k];
-    if (!statics[j].overlaps(in)) continue;
-    if (j == i)
+    const std::ptrdiff_t j = overlapped_static(cache, in);
+    if (j < 0) continue;
+    if (static_cast<std::size_t>(j) == i)
       throw_usage(pair_name(i) + ": the input overlaps its own static buffer (the copy would read what it writes); "
                                  "stage from a separate buffer");
     throw_usage(pair_name(i) + ": the input overlaps the static buffer of pair " + std::to_string(j) +
@@ -286,30 +296,72 @@ template <class S, class I>
   return {StageKind::Batched, device};
 }
 
+//! Calls f(k, static buffer k, input k) for every pair, k a std::integral_constant: one
+//! instance of f's body per pair, unrolled.
+template <class StaticTuple, class InputTuple, class F>
+[[gnu::always_inline]] inline void for_each_pair(const StaticTuple& statics, const InputTuple& inputs, F&& f) {
+  [&]<std::size_t... k>(std::index_sequence<k...>) {
+    (f(std::integral_constant<std::size_t, k>{}, std::get<k>(statics), std::get<k>(inputs)), ...);
+  }(std::make_index_sequence<std::tuple_size_v<StaticTuple>>{});
+}
+
 //! Checks and plans every (static buffer, input) pair of one call, before anything is issued.
 template <class StaticTuple, class InputTuple>
 auto plan_pairs(const StaticTuple& statics, const InputTuple& inputs, int device, StaticOrder& cache,
                 const tensorplay::source_location& where) {
   constexpr std::size_t n = std::tuple_size_v<StaticTuple>;
+  cache.batched_plan = false;  // until the caller has staged this call through the copy node
   std::array<StagePlan, n> plans;
   std::array<ByteRange, n> static_ranges;
   std::array<ByteRange, n> input_ranges;
-  [&]<std::size_t... k>(std::index_sequence<k...>) {
-    (
-        [&] {
-          const auto& dst = std::get<k>(statics);
-          const auto& src = std::get<k>(inputs);
-          using S = std::remove_cvref_t<decltype(dst)>;
-          using I = std::remove_cvref_t<decltype(src)>;
-          if constexpr (DevicePair<S, I>) plans[k] = plan_device_pair(k, dst, src, device, where);
-          else plans[k] = classify(k, facts_of(dst, src, where), device);
-          static_ranges[k] = byte_range(dst);
-          input_ranges[k] = byte_range(src);
-        }(),
-        ...);
-  }(std::make_index_sequence<n>{});
+  for_each_pair(statics, inputs, [&](auto k, const auto& dst, const auto& src) {
+    using S = std::remove_cvref_t<decltype(dst)>;
+    using I = std::remove_cvref_t<decltype(src)>;
+    if constexpr (DevicePair<S, I>) plans[k] = plan_device_pair(k, dst, src, device, where);
+    else plans[k] = classify(k, facts_of(dst, src, where), device);
+    static_ranges[k] = byte_range(dst);
+    input_ranges[k] = byte_range(src);
+  });
   check_overlaps(static_ranges, input_ranges, plans, cache);
   return plans;
+}
+
+//! The fast path of stage_and_launch (a call whose pairs are all DevicePairs): true when the
+//! last call that passed staged every pair through the copy node (cache.batched_plan) and this
+//! call names the same static buffers, of the same sizes, on the graph's device, with inputs that
+//! overlap none of them. The plan in the copy node then stands, and only the call's sources
+//! (written to `sources` in pair order) go to the ring. One pass over the pairs; an input other
+//! than the last one that passed, within the span of the static buffers, is searched for. False
+//! leaves everything to plan_pairs, which says what is wrong, if anything.
+template <class StaticTuple, class InputTuple, std::size_t N>
+[[gnu::always_inline]] inline bool same_batched_plan(const StaticTuple& statics, const InputTuple& inputs, int device,
+                                                     const StaticOrder& cache, std::array<const void*, N>& sources) noexcept {
+  if (!cache.batched_plan || cache.statics.size() != N) return false;
+  const ByteRange* known = cache.statics.data();
+  const ByteRange* passed = cache.inputs.data();
+  bool same = true;
+  bool search = false;
+  for_each_pair(statics, inputs, [&](auto k, const auto& dst, const auto& src) {
+    using S = std::remove_cvref_t<decltype(dst)>;
+    using I = std::remove_cvref_t<decltype(src)>;
+    static_assert(DevicePair<S, I>);
+    const std::size_t n = tensor_size(dst);
+    const auto d = reinterpret_cast<std::uintptr_t>(tensor_data(dst));
+    const void* from = tensor_data(src);
+    const auto s = reinterpret_cast<std::uintptr_t>(from);
+    const std::size_t bytes = n * sizeof(element_t<S>);
+    same &= (d == known[k].begin) & (d + bytes == known[k].end) & (tensor_size(src) == n) &
+            (traits_of<S>::device(dst) == device) & (traits_of<I>::device(src) == device);
+    search |= (s != passed[k].begin) & (s + bytes > cache.low) & (s < cache.high);
+    sources[k] = from;
+  });
+  if (!same) return false;
+  if (search) [[unlikely]]
+    for (std::size_t i = 0; i < N; ++i) {
+      const auto s = reinterpret_cast<std::uintptr_t>(sources[i]);
+      if (overlapped_static(cache, {s, s + (known[i].end - known[i].begin)}) >= 0) return false;
+    }
+  return true;
 }
 
 //! Launches the gather/convert kernel: dst[i] = To(src element i), src described by `layout`.
