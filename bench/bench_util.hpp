@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -62,18 +63,29 @@ inline double median(std::vector<double> v) {
   return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
 }
 
-//! Measures every variant in every iteration, in an order that rotates from one iteration to
-//! the next, so that drift (clocks, caches, the machine's other load) hits all of them alike.
-//! `measure(variant)` returns seconds. Each variant's median goes into the counter
+//! The order of the variants within each iteration of compare().
+enum class Order {
+  Rotate,   // shifted by one at every iteration: each variant always follows the same one
+  Shuffle,  // a fresh random order at every iteration (fixed seed): each variant follows every
+            // other one alike; for variants that leave the driver work that slows the next one
+};
+
+//! Measures every variant in every iteration, in an order that changes from one iteration to
+//! the next (Order), so that drift (clocks, caches, the machine's other load) hits all of them
+//! alike. `measure(variant)` returns seconds. Each variant's median goes into the counter
 //! "<name>_us"; the benchmark's own (manual) time is that of the first variant.
 template <class Measure>
-void compare(benchmark::State& state, const std::vector<Variant>& variants, Measure&& measure) {
+void compare(benchmark::State& state, const std::vector<Variant>& variants, Measure&& measure, Order order = Order::Rotate) {
   std::vector<std::vector<double>> seconds(variants.size());
   std::size_t rotation = 0;
+  std::vector<std::size_t> sequence(variants.size());
+  std::mt19937 rng(20261130);
   for (auto _ : state) {
     double first = 0;
+    for (std::size_t k = 0; k < variants.size(); ++k) sequence[k] = (k + rotation) % variants.size();
+    if (order == Order::Shuffle) std::shuffle(sequence.begin(), sequence.end(), rng);
     for (std::size_t k = 0; k < variants.size(); ++k) {
-      const std::size_t v = (k + rotation) % variants.size();
+      const std::size_t v = sequence[k];
       const double s = measure(variants[v]);
       seconds[v].push_back(s);
       if (v == 0) first = s;

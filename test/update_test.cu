@@ -45,6 +45,15 @@ bool all(const std::vector<int>& v, int value) {
   return true;
 }
 
+// A body of two kernels where the graph before had one: x = value, then x += more (a topology
+// change).
+auto write_then_add(tp::DeviceTensor<int>& x, int value, int more) {
+  return [&x, value, more](tp::StreamRef s) {
+    write_value<<<8, 256, 0, s>>>(x.data(), n, value);
+    tp_test::add(x.data(), n, more, s);
+  };
+}
+
 // Sets a flag in its destructor (run by tensorplay's reaper thread).
 struct Sentinel {
   std::shared_ptr<std::atomic<bool>> destroyed;
@@ -95,12 +104,7 @@ TP_GPU_TEST(a_topology_change_reinstantiates_and_says_why) {
   tp::DeviceTensor<int> a(n, stream);
   tp::Graph graph;
   graph.capture([&](tp::StreamRef s) { write_value<<<8, 256, 0, s>>>(a.data(), n, 1); }, {.stream = stream});
-  const tp::UpdateResult r = graph.update(
-      [&](tp::StreamRef s) {
-        write_value<<<8, 256, 0, s>>>(a.data(), n, 3);
-        tp_test::add(a.data(), n, 4, s);
-      },
-      {.stream = stream});
+  const tp::UpdateResult r = graph.update(write_then_add(a, 3, 4), {.stream = stream});
   BOOST_TEST((r.outcome == tp::UpdateOutcome::Reinstantiated));
   BOOST_TEST((r.reason == cudaGraphExecUpdateErrorTopologyChanged));
   graph.replay(stream);
@@ -505,6 +509,23 @@ TP_GPU_TEST(an_uploaded_graph_replays_correctly_from_the_first_launch) {
   graph.capture([&](tp::StreamRef s) { write_value<<<8, 256, 0, s>>>(x.data(), n, 6); }, {.stream = stream});
   graph.replay(stream);
   BOOST_TEST(all(host(x, stream), 6));
+}
+
+TP_GPU_TEST(an_uploaded_graph_updated_in_place_and_recompiled_replays_each_version) {
+  // GraphOptions::upload also uploads what update() compiles anew; an in-place update of an
+  // uploaded executable must still take effect at the next launch.
+  tp::Stream stream;
+  tp::DeviceTensor<int> x(n, stream);
+  tp::Graph graph({.upload = true});
+  graph.capture([&](tp::StreamRef s) { write_value<<<8, 256, 0, s>>>(x.data(), n, 1); }, {.stream = stream});
+  BOOST_TEST((graph.update([&](tp::StreamRef s) { write_value<<<8, 256, 0, s>>>(x.data(), n, 2); }, {.stream = stream}).outcome ==
+              tp::UpdateOutcome::Updated));
+  graph.replay(stream);
+  BOOST_TEST(all(host(x, stream), 2));
+  const tp::UpdateResult r = graph.update(write_then_add(x, 3, 5), {.stream = stream});
+  BOOST_TEST((r.outcome == tp::UpdateOutcome::Reinstantiated));
+  graph.replay(stream);
+  BOOST_TEST(all(host(x, stream), 8));
 }
 
 TP_GPU_TEST(debug_dump_flags_choose_what_the_dot_file_holds) {

@@ -523,10 +523,12 @@ class Graph {
     return std::move(ended.first);
   }
 
-  void compile(const tensorplay::source_location& where) {
-    std::optional<cudaStream_t> upload;
-    if (options_.upload) upload = session_ ? session_->origin() : nullptr;
-    instantiate_exec(graph_.get(), upload, where);
+  void compile(const tensorplay::source_location& where) { instantiate_exec(graph_.get(), upload_stream(), where); }
+
+  // Where a new executable is uploaded: GraphOptions::upload, on the stream captured last.
+  [[nodiscard]] std::optional<cudaStream_t> upload_stream() const noexcept {
+    if (!options_.upload) return std::nullopt;
+    return session_ ? session_->origin() : nullptr;
   }
 
   // update(): the new version replaces the old one in the executable.
@@ -548,7 +550,7 @@ class Graph {
       origin_.reset();
       if (staging_) staging_->node.adopt(copy);
       exec_.reset();
-      instantiate_exec(graph.get(), std::nullopt, where);
+      instantiate_exec(graph.get(), upload_stream(), where);
     }
     graph_ = std::move(graph);
     has_conditionals_ = capturing_conditionals_;

@@ -49,8 +49,10 @@ struct GraphOptions {
   //! Empty: each capture goes into a fresh private pool.
   Pool pool = {};
   CaptureErrorMode capture_error_mode = CaptureErrorMode::Global;
-  //! Upload the executable to the device when capture ends (cudaGraphUpload), so that the first
-  //! replay costs what later ones cost.
+  //! Upload the executable to the device when capture ends (cudaGraphUpload), and when update()
+  //! compiles anew, so that the first replay costs what later ones cost. It also makes update()
+  //! cheaper before the first replay: CUDA patches an executable that was never uploaded nor
+  //! launched about 3x slower (1000 kernels on the H200: 410 against 130 us).
   bool upload = false;
 };
 
