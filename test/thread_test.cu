@@ -51,6 +51,28 @@ struct CounterPositive {
   __host__ __device__ bool operator()() const { return *counter > 0; }
 };
 
+//! Loads every kernel the workers use before the threads start, the library's conditional
+//! kernels and the while_ predicate's included (one capture uses them). Under CUDA's lazy loading
+//! (the default) a kernel's first use loads it, and loading invalidates captures open on other
+//! threads, thread-local ones too: under racecheck, a capture of this test was invalidated
+//! before its first allocation while the other threads were launching their first kernels.
+void load_kernels() {
+  cudaFuncAttributes attributes{};
+  for (const void* kernel : {reinterpret_cast<const void*>(affine_words), reinterpret_cast<const void*>(add_words),
+                             reinterpret_cast<const void*>(fill_words), reinterpret_cast<const void*>(store),
+                             reinterpret_cast<const void*>(decrement)})
+    BOOST_REQUIRE_EQUAL(cudaFuncGetAttributes(&attributes, kernel), cudaSuccess);
+  tp::Stream stream;
+  tp::DeviceTensor<bool> flag(1, stream);
+  tp::DeviceTensor<int> counter(1, stream);
+  tp::Graph graph;
+  graph.capture([&](tp::StreamRef) {
+    graph.if_(flag, [&](tp::StreamRef body) { decrement<<<1, 1, 0, body>>>(counter.data()); });
+    graph.while_(CounterPositive{counter.data()}, [&](tp::StreamRef body) { decrement<<<1, 1, 0, body>>>(counter.data()); });
+  }, {.stream = stream});
+  stream.synchronize();
+}
+
 //! Under compute-sanitizer (TENSORPLAY_UNDER_SANITIZER, set by tools/gpu/run) kernels run far
 //! slower: fewer captures by default, and more time before a thread counts as stuck.
 bool under_sanitizer() { return std::getenv("TENSORPLAY_UNDER_SANITIZER") != nullptr; }
@@ -297,6 +319,7 @@ void report(const std::vector<Result>& results, const char* who) {
 BOOST_AUTO_TEST_SUITE(threads)
 
 TP_GPU_TEST(eight_threads_capture_in_thread_local_mode_while_others_replay_and_allocate) {
+  load_kernels();
   const int captures = captures_per_thread();
   SharedPools shared;
   shared.deadline = Clock::now() + time_budget();
