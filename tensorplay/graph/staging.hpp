@@ -350,10 +350,15 @@ template <class StaticTuple, class InputTuple, std::size_t N>
     const void* from = tensor_data(src);
     const auto s = reinterpret_cast<std::uintptr_t>(from);
     const std::size_t bytes = n * sizeof(element_t<S>);
-    same &= (d == known[k].begin) & (d + bytes == known[k].end) & (tensor_size(src) == n) &
-            (traits_of<S>::device(dst) == device) & (traits_of<I>::device(src) == device);
-    search |= (s != passed[k].begin) & (s + bytes > cache.low) & (s < cache.high);
-    sources[k] = from;
+    const int dst_device = traits_of<S>::device(dst);
+    const int src_device = traits_of<I>::device(src);
+    const std::size_t src_n = tensor_size(src);
+    constexpr std::size_t i = decltype(k)::value;
+    // Bitwise on purpose: no branch per comparison.
+    same &= (d == known[i].begin) & (d + bytes == known[i].end) & (src_n == n) & (dst_device == device) &
+            (src_device == device);
+    search |= (s != passed[i].begin) & (s + bytes > cache.low) & (s < cache.high);
+    sources[i] = from;
   });
   if (!same) return false;
   if (search) [[unlikely]]
