@@ -35,6 +35,9 @@ class CaptureContext {
     pool_ = std::move(pool);
   }
 
+  //! The stream the capture began on (its bodies are captures of their own, on other streams).
+  [[nodiscard]] cudaStream_t origin() const noexcept { return stream_; }
+
   //! The capture's pool, made now if it has none yet.
   std::shared_ptr<PoolImpl> pool() {
     std::lock_guard lock(mutex_);
@@ -121,7 +124,7 @@ class PoolBlock {
   //! For use on this thread's current stream of the current device.
   static PoolBlock on_current_stream(std::size_t bytes, const tensorplay::source_location& where) {
     const int device = current_device(where);
-    return PoolBlock(bytes, thread_streams().current[device], [device] { return device; }, where);
+    return PoolBlock(bytes, thread_streams().current[static_cast<std::size_t>(device)], [device] { return device; }, where);
   }
 
   PoolBlock(PoolBlock&& other) noexcept

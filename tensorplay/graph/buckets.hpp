@@ -35,6 +35,7 @@
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/error.hpp>
+#include <tensorplay/graph/bucket_memory.hpp>
 #include <tensorplay/graph/executable.hpp>
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/graph/options.hpp>
@@ -276,6 +277,19 @@ class GraphBuckets {
     return pool_;
   }
 
+  //! What capture_all would take, before any bucket is captured: the pool (counted once) and the
+  //! executables (modelled; shared ones once). Captures every bucket into throwaway graphs on
+  //! `stream`, largest first, compiles none, and gives everything back before returning.
+  //! \throws usage_error once a bucket is captured, or for a piecewise body; whatever the body
+  //!         throws (nothing is left capturing or held then).
+  [[nodiscard]] MemoryEstimate estimate(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) {
+    return detail::estimate_ladder(sizes_, body_, buckets_, options_.share_executables, options_.max_executables, stream, where);
+  }
+  //! What the captured buckets hold now: the pool's reservation and the executables' bytes.
+  [[nodiscard]] MemoryEstimate memory(tensorplay::source_location where = tensorplay::source_location::current()) const {
+    return detail::held_ladder_memory(pool_, buckets_, slots_, options_.share_executables, where);
+  }
+
   //! The ladder, as given.
   [[nodiscard]] const std::vector<std::size_t>& sizes() const noexcept { return sizes_; }
   //! Executables held now: captured buckets, or with share_executables the shared executables.
@@ -294,7 +308,7 @@ class GraphBuckets {
   };
   //! A shared executable and the bucket whose graph it runs now.
   struct Slot {
-    detail::Executable exec;
+    detail::ExecCore exec;  // runs the graph of bucket `loaded` (the buckets own the graphs)
     std::size_t loaded = none;
     std::uint64_t last_use = 0;
   };
@@ -365,7 +379,7 @@ class GraphBuckets {
           b.unit.reset();  // abandons the capture: nothing is left capturing
           throw;
         }
-        detail::GraphAccess::end_capture_only(b.unit, where);
+        b.unit.capture_end(Instantiate::Later, where);
         assign_slot(i, where);
       } else {
         b.unit.capture([&](StreamRef s) { body_(s, size); }, {.stream = stream}, where);
@@ -460,6 +474,7 @@ class GraphBuckets {
   }
 
   void launch_shared(std::size_t i, StreamRef stream, const tensorplay::source_location& where) {
+    if (pool_) pool_.impl()->require_resident("GraphBuckets::run");
     if (detail::is_capturing_or_false(stream.get())) [[unlikely]]
       detail::throw_usage("GraphBuckets::run: the stream is being captured; with share_executables a bucket cannot be "
                           "added to another capture (run it outside the capture, or share no executables)");

@@ -9,7 +9,9 @@
 // closed body's work is moved into its node then (conditional_builder.hpp).
 #pragma once
 
+#include <tensorplay/detail/exec_memory.hpp>
 #include <tensorplay/detail/capture_context.hpp>
+#include <tensorplay/detail/capture_doctor.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
@@ -43,6 +45,16 @@ struct BodyCapture {
   std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>> nested;
 };
 
+//! What a capture captured.
+struct CapturedGraph {
+  GraphHandle graph;
+  int device = -1;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::shared_ptr<PoolImpl> pool;  // what the capture allocated from (null: nothing, and it had none)
+  bool conditionals = false;       // it holds conditional nodes (CUDA refuses such a child graph)
+  ConditionalBodies conditional_bodies;  // the bodies of its conditional nodes (exec_memory.hpp)
+};
+
 //! Why a capture is no longer open.
 enum class CaptureEnd { Open, Ended, Abandoned, StreamDestroyed };
 
@@ -74,7 +86,8 @@ class CaptureSession final : public CaptureOwner {
         (void)cudaGetLastError();
       }
     }
-    check(begin_capture(stream, mode), "cudaStreamBeginCapture", where);
+    if (const cudaError_t status = begin_capture(stream, mode); status != cudaSuccess)
+      throw_begin_failure(status, "cudaStreamBeginCapture", where);
     // The capture's sequence id: a pool of the graph's must know it now; otherwise it is asked of
     // CUDA only if the capture allocates (see CaptureRegistry).
     CaptureSeq seq = 0;
@@ -93,25 +106,26 @@ class CaptureSession final : public CaptureOwner {
     mode_ = mode;
     owner_thread_ = &thread_streams();
     bodies_.clear();
+    conditionals_ = false;
+    conditional_bodies_.clear();
     context_.open(device, stream, seq, std::move(pool));
-    CaptureRegistry::instance().add_capture(&context_, this, stream, seq, device);
+    CaptureRegistry::instance().add_capture(&context_, this, stream, seq, device, where, mode);
     thread_streams().push(device, stream);
     end_.store(CaptureEnd::Open, std::memory_order_release);
   }
 
-  //! Ends the capture. Returns the captured graph and the pool the capture used (null if it
-  //! allocated nothing and the graph had none).
+  //! Ends the capture and returns what it captured.
   //! \throws usage_error with a body still open; cuda_error when CUDA invalidated the capture
   //!         (the capture is over either way).
-  std::pair<GraphHandle, std::shared_ptr<PoolImpl>> end(const tensorplay::source_location& where) {
+  CapturedGraph end(const tensorplay::source_location& where) {
     if (!bodies_.empty())
       throw_usage("capture_end: " + std::to_string(bodies_.size()) +
                   " conditional body(ies) still open; call end_capture_to_conditional_node first");
     GraphHandle graph;
     const cudaError_t status = end_capture(stream_, graph.out());
     std::shared_ptr<PoolImpl> pool = finish(CaptureEnd::Ended);
-    check(status, "cudaStreamEndCapture", where);
-    return {std::move(graph), std::move(pool)};
+    if (status != cudaSuccess) throw_end_failure(status, "cudaStreamEndCapture", stream_, 0, where);  // says why it broke
+    return {std::move(graph), device_, mode_, std::move(pool), conditionals_, std::move(conditional_bodies_)};
   }
 
   //! Ends every open body and the capture, and discards what was captured. Never throws.
@@ -158,6 +172,10 @@ class CaptureSession final : public CaptureOwner {
   //! Where work is captured now: the innermost open body, else the origin stream.
   [[nodiscard]] cudaStream_t current() const noexcept { return bodies_.empty() ? stream_ : bodies_.back().stream; }
   [[nodiscard]] std::size_t depth() const noexcept { return bodies_.size(); }
+  //! A conditional node was added to the capture.
+  void note_conditional() noexcept { conditionals_ = true; }
+  //! The bodies of a conditional node just made (CUDA 13.0 cannot list them from the node).
+  void record_bodies(cudaGraphNode_t node, const cudaGraph_t* bodies, unsigned count) { conditional_bodies_.add(node, bodies, count); }
   [[nodiscard]] std::vector<BodyCapture>& bodies() noexcept { return bodies_; }
   [[nodiscard]] CaptureContext& context() noexcept { return context_; }
 
@@ -232,6 +250,8 @@ class CaptureSession final : public CaptureOwner {
   std::atomic<CaptureEnd> end_{CaptureEnd::Ended};
   std::vector<BodyCapture> bodies_;       // open conditional bodies, innermost last
   bool keep_open_on_failure_ = false;     // see KeepOpenOnFailure
+  ConditionalBodies conditional_bodies_;  // the conditional nodes' bodies (exec_memory.hpp)
+  bool conditionals_ = false;             // the capture made conditional nodes
   std::vector<OwnedStream> body_streams_; // one per nesting depth, reused by later captures
   CaptureContext context_;                // the pool; registered for the capture's sequences
 };

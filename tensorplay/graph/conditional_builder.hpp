@@ -9,11 +9,13 @@
 // is represented in that body's capture by an empty node, replaced by the real node at the copy.
 #pragma once
 
+#include <tensorplay/detail/capture_doctor.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/driver_api.hpp>
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/detail/kernel_library.hpp>
+#include <tensorplay/detail/random_epoch.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/capture_session.hpp>
 #include <tensorplay/graph/options.hpp>
@@ -78,6 +80,13 @@ concept DeviceIndex = DeviceCallable<F> && (is_extended_device_lambda_v<std::rem
 template <class I>
 concept SwitchIndex = IndexTensor<I> || DeviceIndex<I>;
 
+//! The constraints of Graph's conditional-node calls, named so that a compiler's note on a
+//! refused call says what is expected; generic code sees them (requires { g.if_(p, body); }).
+template <class P>
+concept BoolTensorOrDevicePredicate = Predicate<P>;
+template <class I>
+concept IntegralTensorOrDeviceIndex = SwitchIndex<I>;
+
 //! Compile-time check of a predicate's type, with the message users see.
 template <class P>
 consteval bool check_predicate_type() {
@@ -85,14 +94,6 @@ consteval bool check_predicate_type() {
                 "tensorplay: the predicate must be a one-element device tensor of bool (DeviceTensor<bool>, "
                 "thrust::device_vector<bool>, std::span<bool> over device memory) or a __device__ callable "
                 "returning bool (nvcc --extended-lambda)");
-  return true;
-}
-
-template <class I>
-consteval bool check_index_type() {
-  static_assert(SwitchIndex<I>,
-                "tensorplay: switch_: the index must be a one-element integral device tensor (not bool: use if_else_) "
-                "or a __device__ callable returning an integer");
   return true;
 }
 
@@ -224,7 +225,8 @@ ConditionalNode add_conditional_node(CaptureSession& session, cudaGraphCondition
     CaptureInfo info;
     TENSORPLAY_CHECK(get_capture_info(parent, info), where);
     if (info.status != cudaStreamCaptureStatusActive)
-      check(cudaErrorStreamCaptureInvalidated, "cudaStreamGetCaptureInfo (the capture was invalidated earlier)", where);
+      throw_capture_failure_on(cudaErrorStreamCaptureInvalidated,
+                               "cudaStreamGetCaptureInfo (the capture was invalidated earlier)", parent, where);
     const bool top_level = session.depth() == 0;
     // The graph that holds the node: the capture's own, or the enclosing node's body graph.
     const cudaGraph_t holder = top_level ? info.graph : session.bodies().back().slot;
@@ -238,6 +240,8 @@ ConditionalNode add_conditional_node(CaptureSession& session, cudaGraphCondition
     params.conditional.type = type;
     params.conditional.size = size;
     cudaGraphNode_t node = nullptr;
+    session.note_conditional();
+    note_conditional_node();  // RandomState: draws after the node start a new segment (random_epoch.hpp)
     if (top_level) {
       TENSORPLAY_CHECK(add_node(&node, holder, info.dependencies, info.dependency_count, &params), where);
       TENSORPLAY_CHECK(set_capture_dependencies(parent, &node, 1), where);
@@ -249,6 +253,7 @@ ConditionalNode add_conditional_node(CaptureSession& session, cudaGraphCondition
       TENSORPLAY_CHECK(set_capture_dependencies(parent, &mark, 1), where);
       session.bodies().back().nested.emplace_back(mark, node);
     }
+    session.record_bodies(node, params.conditional.phGraph_out, size);
     return ConditionalNode{params.conditional.phGraph_out, handle};
   });
 }
@@ -258,7 +263,8 @@ inline void open_body(CaptureSession& session, cudaGraph_t slot, cudaGraphCondit
                       const tensorplay::source_location& where) {
   session.abandon_on_throw([&] {
     const cudaStream_t stream = session.body_stream(session.depth(), where);
-    check(begin_capture(stream, session.mode()), "cudaStreamBeginCapture (conditional body)", where);
+    if (const cudaError_t status = begin_capture(stream, session.mode()); status != cudaSuccess)
+      throw_begin_failure(status, "cudaStreamBeginCapture (conditional body)", where);
     CaptureSeq seq = 0;
     if (const cudaError_t status = get_capture_seq(stream, seq); status != cudaSuccess) {
       GraphHandle ignored;
@@ -271,6 +277,7 @@ inline void open_body(CaptureSession& session, cudaGraph_t slot, cudaGraphCondit
     body.handle = handle;
     body.slot = slot;
     session.push_body(std::move(body));
+    CaptureRegistry::instance().locate_body(seq, where);  // for capture_error's message
   });
 }
 
@@ -305,21 +312,25 @@ inline cudaGraphNode_t copy_node(cudaGraphNode_t node, cudaGraph_t to, const ten
       TENSORPLAY_CHECK(cudaGraphAddEmptyNode(&copy, to, nullptr, 0), where);
       return copy;
     case cudaGraphNodeTypeGraph: {
+      // CUDA refuses a graph that a node owns (what cudaGraphChildGraphNodeGetGraph returns) as
+      // a child of a conditional body, and accepts a copy of it that nothing owns.
       cudaGraph_t child = nullptr;
       TENSORPLAY_CHECK(cudaGraphChildGraphNodeGetGraph(node, &child), where);
-      if (const cudaError_t status = cudaGraphAddChildGraphNode(&copy, to, nullptr, 0, child); status != cudaSuccess) {
+      GraphHandle own;
+      TENSORPLAY_CHECK(cudaGraphClone(own.out(), child), where);
+      if (const cudaError_t status = cudaGraphAddChildGraphNode(&copy, to, nullptr, 0, own.get()); status != cudaSuccess) {
         (void)cudaGetLastError();
         // Seen with a replayed graph of NCCL collectives: CUDA accepts the collectives in the
         // body directly, not inside a child graph.
         if (status == cudaErrorNotSupported)
-          throw_usage("CUDA does not accept this child graph (a replayed Graph) inside a conditional body "
+          throw conditional_body_error("tensorplay: CUDA does not accept this child graph (a replayed Graph) inside a conditional body "
                       "(cudaGraphAddChildGraphNode: operation not supported); capture its work into the body directly");
         check(status, "cudaGraphAddChildGraphNode", where);
       }
       return copy;
     }
     default:
-      throw_usage("a conditional body may hold only kernels, memsets, memcpys, empty nodes, child graphs and "
+      throw conditional_body_error("tensorplay: a conditional body may hold only kernels, memsets, memcpys, empty nodes, child graphs and "
                   "conditional nodes (CUDA's rule); this one captured a " +
                   std::string(tensorplay::to_string(type)) + " node");
   }
@@ -371,7 +382,7 @@ inline void close_body(CaptureSession& session, const tensorplay::source_locatio
     BodyCapture closed = session.pop_body();
     if (status != cudaSuccess) {
       if (!session.keeps_open_on_failure()) session.abandon();
-      check(status, "cudaStreamEndCapture (conditional body)", where);
+      throw_end_failure(status, "cudaStreamEndCapture (conditional body)", session.origin(), closed.seq, where);
     }
     return closed;
   }();

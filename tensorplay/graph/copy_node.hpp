@@ -99,8 +99,17 @@ class CopyBatch {
   static constexpr std::size_t tiles_offset() {
     return offsetof(kernels::CopyTable<Capacity>, first_tile);
   }
+  template <int Capacity>
+  static constexpr std::size_t entries_offset_of() {
+    return offsetof(kernels::CopyTable<Capacity>, entries);
+  }
+  // A table indexed by log2_capacity_, not with_capacity: nvcc warns (#445-D) about a lambda
+  // whose template parameter appears in no parameter type.
   [[nodiscard]] std::size_t entries_offset() const noexcept {
-    return with_capacity(log2_capacity_, []<int Capacity>() { return offsetof(kernels::CopyTable<Capacity>, entries); });
+    static constexpr std::size_t offsets[kernels::copy_capacity_count] = {
+        entries_offset_of<1>(),  entries_offset_of<2>(),  entries_offset_of<4>(), entries_offset_of<8>(),
+        entries_offset_of<16>(), entries_offset_of<32>(), entries_offset_of<64>()};
+    return offsets[static_cast<std::size_t>(log2_capacity_)];
   }
   int& header() noexcept { return *std::launder(reinterpret_cast<int*>(storage_)); }
   std::uint32_t& first_tile(int i) noexcept {
@@ -174,17 +183,22 @@ class CopyNode {
     return nodes;
   }
 
-  //! The executable now holds `nodes`, as a fresh compile leaves them: enabled, without a plan.
-  void adopt(StagingNodes nodes) noexcept {
-    nodes_ = nodes;
-    recompiled();
-  }
+  //! The executable will be compiled from the graph that holds `nodes`.
+  void adopt(StagingNodes nodes) noexcept { nodes_ = nodes; }
 
-  //! The executable was compiled again, or updated, from a graph whose nodes have no plan: they
-  //! are enabled (as a fresh compile leaves them), and the next call sets the plan.
-  void recompiled() noexcept {
+  //! The executable was compiled from the graph of the adopted nodes: they are enabled, as a
+  //! fresh compile leaves them, and have no plan (the next call sets it).
+  void compiled() noexcept {
     enabled_ = true;
     plan_count_ = 0;
+  }
+
+  //! The executable was updated in place (cudaGraphExecUpdate): its nodes took the new graph's
+  //! parameters (no plan) and kept their enabled state. They are enabled here, so that the
+  //! state this object believes in is the executable's whatever the update did.
+  void updated_in_place(cudaGraphExec_t exec, const tensorplay::source_location& where) {
+    plan_count_ = 0;
+    set_enabled(exec, true, where);
   }
 
   //! Readies the nodes of `exec` to copy `batch` at the next launch; returns false when the ring

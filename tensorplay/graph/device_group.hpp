@@ -196,7 +196,7 @@ class DeviceGroupGraph {
       for (std::size_t i = 0; i < graphs_.size(); ++i) capturing[i] = graphs_[i].capture_stream();
       run_body(body, std::span<const StreamRef>(capturing), where);
       // Every capture ends before any is compiled (see the header comment).
-      for_each_on_device([&](std::size_t i) { detail::GraphAccess::end_capture_only(graphs_[i], where); }, where);
+      for_each_on_device([&](std::size_t i) { graphs_[i].capture_end(Instantiate::Later, where); }, where);
       for_each_on_device([&](std::size_t i) { graphs_[i].instantiate(where); }, where);
     } catch (...) {
       reset();
@@ -221,19 +221,9 @@ class DeviceGroupGraph {
   // switched devices itself). Switches only when the device changes.
   template <class F>
   void for_each_on_device(F&& f, const tensorplay::source_location& where) {
-    struct Restore {
-      int home;
-      ~Restore() {
-        int now = home;
-        if (cudaGetDevice(&now) == cudaSuccess && now != home) (void)cudaSetDevice(home);
-      }
-    } restore{detail::current_device(where)};
-    int now = restore.home;
+    detail::DeviceGuard guard;  // the caller's device, made current again at the end
     for (std::size_t i = 0; i < devices_.size(); ++i) {
-      if (devices_[i] != now) {
-        TENSORPLAY_CHECK(cudaSetDevice(devices_[i]), where);
-        now = devices_[i];
-      }
+      guard.set(devices_[i], where);
       f(i);
     }
   }

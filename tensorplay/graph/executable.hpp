@@ -1,18 +1,36 @@
-// tensorplay/graph/executable.hpp: a graph's executable: instantiation (with the reason CUDA
-// gives when it refuses), upload, and in-place update.
+// tensorplay/graph/executable.hpp: a graph's executable and everything that must agree with it:
+// the graph it runs, the graph it was compiled from (which names its nodes), the staging nodes
+// and their ring, and stage_and_launch's plan cache.
+//
+// Every way the executable changes goes through one of its operations, each of which leaves
+// those parts consistent on success and on failure: hold (a captured graph, not compiled yet),
+// compile, update (in place when CUDA accepts the new graph, else compiled anew, the staging
+// nodes carried over either way), staging (the copy node added on first use), launch and
+// stage_and_launch. No caller patches its bookkeeping afterwards.
 #pragma once
 
 #include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/exec_memory.hpp>
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/error.hpp>
+#include <tensorplay/graph/copy_node.hpp>
 #include <tensorplay/graph/options.hpp>
+#include <tensorplay/graph/staging.hpp>
+#include <tensorplay/detail/staging_ring.hpp>
+#include <tensorplay/tensor.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <cstddef>
+#include <memory>
 #include <optional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <string>
 #include <string_view>
 
@@ -40,7 +58,10 @@ inline std::optional<cudaGraphNodeType> node_type_of(cudaGraphNode_t node) noexc
   return type;
 }
 
-class Executable {
+//! A compiled graph: cudaGraphInstantiateWithParams with CUDA's reasons on failure, upload, and
+//! cudaGraphExecUpdate. Owns only the cudaGraphExec_t (GraphBuckets' shared executables use it
+//! on graphs that their buckets own).
+class ExecCore {
  public:
   [[nodiscard]] cudaGraphExec_t get() const noexcept { return exec_.get(); }
   explicit operator bool() const noexcept { return static_cast<bool>(exec_); }
@@ -73,13 +94,15 @@ class Executable {
         call += " node";
       }
       call += ")";
-      check(status, call.c_str(), where);
+      (void)cudaGetLastError();
+      throw instantiate_error(status, call, params.result_out, where);
     }
     exec_ = ExecHandle(exec);
   }
 
   //! Patches the executable to run `graph`, which must have the same topology. Returns false,
-  //! with CUDA's reason in `result`, when CUDA refuses; the executable is then unchanged.
+  //! with CUDA's reason in `result`, when CUDA refuses: the executable may then be partly
+  //! patched, and must be loaded again (or compiled anew) before its next launch.
   //! \throws cuda_error for failures other than a refusal.
   bool try_update(cudaGraph_t graph, UpdateResult& result, const tensorplay::source_location& where) {
     cudaGraphExecUpdateResultInfo info{};
@@ -99,6 +122,221 @@ class Executable {
 
  private:
   ExecHandle exec_;
+};
+
+//! The executable of one Graph. States: empty; holding a captured graph (not compiled: its
+//! compile failed, or it waits for Graph::instantiate); compiled.
+class Executable {
+ public:
+  Executable() = default;
+  Executable(Executable&&) noexcept = default;
+  Executable& operator=(Executable&&) noexcept = default;
+
+  [[nodiscard]] bool compiled() const noexcept { return static_cast<bool>(exec_); }
+  [[nodiscard]] bool holds_graph() const noexcept { return static_cast<bool>(source_); }
+  [[nodiscard]] cudaGraphExec_t get() const noexcept { return exec_.get(); }
+  //! The graph the executable runs: the latest captured (an in-place update's, say).
+  [[nodiscard]] cudaGraph_t graph() const noexcept { return latest_ ? latest_.get() : source_.get(); }
+  [[nodiscard]] int device() const noexcept { return device_; }
+  //! The device memory the driver took for the executable, modelled from the graph it was
+  //! compiled from (detail/exec_memory.hpp); 0 when nothing is compiled. Walks the graph.
+  [[nodiscard]] std::size_t bytes(const tensorplay::source_location& where) const {
+    return compiled() ? modelled_exec_bytes(source_.get(), &source_bodies_, where) : 0;
+  }
+  //! The bodies of the conditional nodes of graph().
+  [[nodiscard]] const ConditionalBodies& bodies() const noexcept { return latest_ ? latest_bodies_ : source_bodies_; }
+
+  //! Whether the graph it runs holds the Graph's keep-alive bundle (retained.hpp), and whether
+  //! the compiled executable does (CUDA gives it references to what its graph held then).
+  [[nodiscard]] bool graph_keeps() const noexcept { return graph_keeps_; }
+  [[nodiscard]] bool exec_keeps() const noexcept { return exec_keeps_; }
+  //! The graph it runs was given the bundle (the executable gets it at its next compile).
+  void graph_now_keeps() noexcept { graph_keeps_ = true; }
+
+  //! Holds `graph` (captured on `device`) without compiling it: what there was is dropped.
+  void hold(GraphHandle graph, int device, bool keeps, ConditionalBodies bodies = {}) noexcept {
+    reset();
+    source_ = std::move(graph);
+    source_bodies_ = std::move(bodies);
+    device_ = device;
+    graph_keeps_ = keeps;
+  }
+
+  //! Compiles the held graph (uploading it to `upload` when given). On failure nothing is
+  //! compiled and the graph is still held.
+  void compile(std::optional<cudaStream_t> upload, const tensorplay::source_location& where) {
+    if (latest_) {  // an in-place update's graph (with its staging nodes) becomes the one compiled from
+      source_ = std::move(latest_);
+      source_bodies_ = std::move(latest_bodies_);
+      if (staging_) staging_->node.adopt(staging_->latest_nodes);
+    }
+    exec_keeps_ = false;
+    exec_.instantiate(source_.get(), upload, where);
+    exec_keeps_ = graph_keeps_;
+    if (staging_) staging_->node.compiled();
+  }
+
+  //! Makes the executable run `graph` (a new capture of the same work, on the same device):
+  //! patched in place when CUDA accepts it, compiled anew when it refuses. The staging nodes are
+  //! added to the new graph first, so that its topology matches; either way they come out
+  //! enabled, without a plan. If compiling anew fails, the new graph is held, not compiled.
+  UpdateResult update(GraphHandle graph, bool keeps, std::optional<cudaStream_t> upload, const tensorplay::source_location& where,
+                      ConditionalBodies bodies = {}) {
+    StagingNodes nodes;
+    if (staging_) nodes = staging_->node.add_to(graph.get(), device_, where);
+    UpdateResult result;
+    if (exec_ && exec_.try_update(graph.get(), result, where)) {
+      result.outcome = UpdateOutcome::Updated;
+      // The executable's nodes are still named by the graph it was compiled from (kept). CUDA
+      // carried the nodes' enabled state over and gave them the new graph's parameters: no plan.
+      latest_ = std::move(graph);
+      latest_bodies_ = std::move(bodies);
+      graph_keeps_ = keeps;
+      if (staging_) {
+        staging_->latest_nodes = nodes;
+        staging_->node.updated_in_place(exec_.get(), where);
+      }
+      return result;
+    }
+    result.outcome = UpdateOutcome::Reinstantiated;
+    exec_.reset();
+    latest_.reset();
+    latest_bodies_.clear();
+    source_ = std::move(graph);
+    source_bodies_ = std::move(bodies);
+    graph_keeps_ = keeps;
+    exec_keeps_ = false;
+    if (staging_) staging_->node.adopt(nodes);
+    exec_.instantiate(source_.get(), upload, where);
+    exec_keeps_ = keeps;
+    if (staging_) staging_->node.compiled();
+    return result;
+  }
+
+  //! Launches on `stream` (not capturing) with the staging nodes off: they must not copy again
+  //! what the last stage_and_launch staged.
+  void launch(cudaStream_t stream, const tensorplay::source_location& where) {
+    if (staging_ && staging_->node.enabled()) [[unlikely]]
+      staging_->node.disable(exec_.get(), where);
+    check(graph_launch(exec_.get(), stream), "cudaGraphLaunch", where);
+  }
+
+  //! Drops the executable, the graphs and the staging nodes (their ring waits for its launches).
+  void reset() noexcept {
+    staging_.reset();
+    exec_.reset();
+    latest_.reset();
+    source_.reset();
+    source_bodies_.clear();
+    latest_bodies_.clear();
+    order_ = StaticOrder{};
+    device_ = -1;
+    graph_keeps_ = false;
+    exec_keeps_ = false;
+  }
+
+  //! Copies every input onto its static buffer, then launches (Graph::stage_and_launch).
+  //! The executable is compiled and `stream` is not capturing (checked by the caller).
+  template <class... S, class... I>
+  void stage_and_launch(std::tuple<S&...> static_inputs, std::tuple<I&...> inputs, cudaStream_t stream,
+                        const tensorplay::source_location& where) {
+    constexpr std::size_t N = sizeof...(S);
+    if constexpr ((DevicePair<std::remove_cvref_t<S>, std::remove_cvref_t<I>> && ...) &&
+                  N <= static_cast<std::size_t>(config::copy_table_max)) {
+      // The common case: the static buffers of the last call, every pair copied by the copy
+      // node, whose plan stands. Only the sources change (same_batched_plan, restage).
+      std::array<const void*, N> sources;
+      if (staging_ && same_batched_plan(static_inputs, inputs, device_, order_, sources) &&
+          staging_->node.restage(exec_.get(), sources.data(), static_cast<int>(N), where)) {
+        check(graph_launch(exec_.get(), stream), "cudaGraphLaunch", where);
+        staging_->node.launched();
+        return;
+      }
+    }
+    const auto plans = plan_pairs(static_inputs, inputs, device_, order_, where);
+
+    std::size_t batched = 0;
+    std::size_t skipped = 0;
+    for (const StagePlan& plan : plans) {
+      batched += plan.kind == StageKind::Batched;
+      skipped += plan.kind == StageKind::Skip;
+    }
+    const bool all_batched = batched + skipped == N;  // the common case: no pass over the others
+    if (batched == 0) {
+      issue_unbatched(plans, static_inputs, inputs, stream, where);
+      launch(stream, where);
+      return;
+    }
+    Staging& staging = prepare_staging(stream, where);
+    CopyBatch& batch = staging.batch;
+    batch.start(batched < static_cast<std::size_t>(config::copy_table_max) ? batched : config::copy_table_max);
+    [&]<std::size_t... k>(std::index_sequence<k...>) {
+      (
+          [&] {
+            if (plans[k].kind != StageKind::Batched) return;
+            if (batch.full()) {  // more pairs than one table holds: copy a full table first
+              staging.node.launch_now(batch, stream, where);
+              batch.start(static_cast<std::size_t>(batch.count()));
+            }
+            const auto& dst = std::get<k>(static_inputs);
+            batch.add(tensor_data(std::get<k>(inputs)), tensor_data(dst),
+                      tensor_size(dst) * sizeof(element_t<std::remove_cvref_t<decltype(dst)>>));
+          }(),
+          ...);
+    }(std::index_sequence_for<S...>{});
+    if (!all_batched) issue_unbatched(plans, static_inputs, inputs, stream, where);
+    const bool by_node = staging.node.stage(exec_.get(), batch, stream, where);
+    check(graph_launch(exec_.get(), stream), "cudaGraphLaunch", where);
+    if (by_node) staging.node.launched();
+    // Every pair went through the copy node, whose plan is now this call's static buffers.
+    order_.batched_plan = by_node && batched == N;
+  }
+
+ private:
+  struct Staging {
+    CopyNode node;
+    CopyBatch batch;
+    StagingNodes latest_nodes;  // the nodes in latest_, while an in-place update's graph is kept
+  };
+
+  // The staging nodes, made on the first stage_and_launch that batches: added to the graph the
+  // executable runs, which is compiled again with them (CUDA allows a graph with conditional
+  // nodes one executable, so the nodes live in the graph itself).
+  Staging& prepare_staging(cudaStream_t stream, const tensorplay::source_location& where) {
+    if (staging_) return *staging_;
+    auto staging = std::make_unique<Staging>(Staging{CopyNode(RingGraveyard::instance().take(device_, stream, where)), {}, {}});
+    if (latest_) {
+      source_ = std::move(latest_);
+      source_bodies_ = std::move(latest_bodies_);
+    }
+    staging->node.adopt(staging->node.add_to(source_.get(), device_, where));
+    exec_keeps_ = false;
+    exec_.instantiate(source_.get(), std::nullopt, where);
+    exec_keeps_ = graph_keeps_;
+    staging->node.compiled();
+    staging_ = std::move(staging);
+    return *staging_;
+  }
+
+  template <std::size_t N, class StaticTuple, class InputTuple>
+  void issue_unbatched(const std::array<StagePlan, N>& plans, const StaticTuple& statics, const InputTuple& inputs,
+                       cudaStream_t stream, const tensorplay::source_location& where) {
+    [&]<std::size_t... k>(std::index_sequence<k...>) {
+      (detail::issue_unbatched(plans[k], std::get<k>(statics), std::get<k>(inputs), device_, stream, where), ...);
+    }(std::make_index_sequence<N>{});
+  }
+
+  // Hot members first: a launch reads exec_ and staging_ only.
+  ExecCore exec_;
+  std::unique_ptr<Staging> staging_;
+  GraphHandle source_;  // the graph exec_ was compiled from: it names exec_'s nodes
+  GraphHandle latest_;  // the graph an in-place update made exec_ run (null: source_'s)
+  ConditionalBodies source_bodies_;  // the bodies of source_'s conditional nodes (exec_memory.hpp)
+  ConditionalBodies latest_bodies_;  // and of latest_'s
+  StaticOrder order_;   // stage_and_launch's static buffers, sorted (staging.hpp)
+  int device_ = -1;
+  bool graph_keeps_ = false;  // graph() holds the keep-alive bundle
+  bool exec_keeps_ = false;   // exec_ was compiled from a graph that held it
 };
 
 }  // namespace tensorplay::detail

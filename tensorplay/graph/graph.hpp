@@ -3,15 +3,17 @@
 // Graph keeps the public API and forwards to its parts:
 //   capture_session.hpp      an open capture: begin, end, abandon, bodies, pool routing
 //   conditional_builder.hpp  conditional nodes and their bodies
-//   executable.hpp           instantiation (with CUDA's reasons), upload, in-place update
+//   executable.hpp           the executable and all that must agree with it: the graphs it runs
+//                            and was compiled from, the staging nodes, the plan cache
 //   copy_node.hpp, staging.hpp  stage_and_launch: the copy node and the copy semantics
-//   retained.hpp             objects that live as long as the graph (Graph::retain)
+//   retained.hpp             what the graphs and executables keep alive (retain, the pool)
 #pragma once
 
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/driver_api.hpp>
 #include <tensorplay/detail/handles.hpp>
+#include <tensorplay/detail/random_epoch.hpp>
 #include <tensorplay/detail/thread_streams.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/capture_session.hpp>
@@ -40,6 +42,9 @@
 #include <utility>
 
 namespace tensorplay {
+
+//! When Graph::capture_end compiles the executable.
+enum class Instantiate { Now, Later };
 
 //! The kinds of conditional node a ConditionalScope opens.
 enum class ConditionalKind { If, While };
@@ -80,7 +85,8 @@ const char* path_c_str(const P& path) noexcept {
 class Graph {
  public:
   Graph() noexcept : Graph(GraphOptions{}) {}
-  explicit Graph(GraphOptions options) noexcept : options_(std::move(options)), pool_(options_.pool) {}
+  // (noexcept: a bundle is made only for a given pool, and bad_alloc there ends the program)
+  explicit Graph(GraphOptions options) noexcept : options_(std::move(options)), pool_(options_.pool) { keep_.set_pool(pool_.impl()); }
 
   // ---- capture --------------------------------------------------------------------------
 
@@ -91,7 +97,7 @@ class Graph {
   //!         capturing then, and another capture on the stream is left alone.
   void capture_begin(const CaptureOptions& options = {}, tensorplay::source_location where = tensorplay::source_location::current()) {
     if (is_capturing()) detail::throw_usage("capture_begin: this graph is already capturing; call capture_end first");
-    if (graph_)
+    if (exec_.holds_graph())
       detail::throw_usage("capture_begin: this graph already holds a captured graph; call reset() before capturing again "
                           "(or update() to capture a new version)");
     begin_session(options, pool_.impl(), where);
@@ -102,8 +108,14 @@ class Graph {
   //!         cuda_error (with CUDA's status) when the capture was invalidated: the graph and
   //!         the stream are usable afterwards and the graph can capture again.
   void capture_end(tensorplay::source_location where = tensorplay::source_location::current()) {
+    capture_end(Instantiate::Now, where);
+  }
+  //! capture_end, compiling now or at instantiate() (Instantiate::Later): for captures that must
+  //! all end before any is compiled, as on several devices from one thread, where CUDA refuses
+  //! to instantiate while the thread has another capture open.
+  void capture_end(Instantiate when, tensorplay::source_location where = tensorplay::source_location::current()) {
     end_without_compiling(where);
-    compile(where);
+    if (when == Instantiate::Now) compile(where);
   }
 
   //! capture_begin, then body(capture stream) or body(), then capture_end. If the body throws,
@@ -129,21 +141,26 @@ class Graph {
   template <class F>
   UpdateResult update(F&& body, const CaptureOptions& options = {}, tensorplay::source_location where = tensorplay::source_location::current()) {
     if (is_capturing()) detail::throw_usage("update: a capture is open on this graph; call capture_end first");
-    if (!graph_) detail::throw_usage("update: nothing has been captured yet; capture the graph first");
+    if (!exec_.holds_graph()) detail::throw_usage("update: nothing has been captured yet; capture the graph first");
     if (options.pool && !(*options.pool == pool_))
       detail::throw_usage("update: a new version captures into the graph's own pool; CaptureOptions::pool must be empty");
     CaptureOptions same = options;
     same.capture_error_mode = options.capture_error_mode.value_or(mode_);
     begin_session(same, pool_.impl(), where);
     run_body(body);
-    detail::GraphHandle graph = end_session(where);
-    return replace(std::move(graph), where);
+    rethrow_deferred();  // a ConditionalScope in the body that could not close its body
+    detail::CapturedGraph captured = end_session(where);
+    has_conditionals_ = captured.conditionals;
+    const UpdateResult result = exec_.update(std::move(captured.graph), keep_.needed(), upload_stream(), where, std::move(captured.conditional_bodies));
+    keep_kept(where);  // an object retained by the body: the executable must hold it too
+    return result;
   }
 
   //! Compiles the executable if that has not happened (capture_end does it): otherwise a no-op.
   void instantiate(tensorplay::source_location where = tensorplay::source_location::current()) {
-    if (exec_) return;
-    if (!graph_) detail::throw_usage("instantiate: nothing has been captured yet");
+    if (exec_.compiled()) return;
+    if (!exec_.holds_graph()) detail::throw_usage("instantiate: nothing has been captured yet");
+    keep_kept(where);
     compile(where);
   }
 
@@ -161,23 +178,20 @@ class Graph {
   //! graph keeps what this one needs (its pool, its retained objects) for as long as it lives.
   void replay(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) {
     require_executable("replay", where);
+    require_resident("replay");
     if (detail::stream_is_capturing(stream.get(), where)) [[unlikely]]
       return add_to_capture(stream.get(), where);
-    launch_unstaged(stream.get(), where);
+    exec_.launch(stream.get(), where);
   }
 
   //! Abandons an open capture, destroys the graph and executable, and drops the pool reference
   //! and the retained objects (each lives on until the last launch that can use it completes).
   void reset() noexcept {
     if (session_) session_->abandon();
-    staging_.reset();
     exec_.reset();
-    origin_.reset();
-    graph_.reset();
-    retained_.clear();
-    retained_in_exec_ = 0;
+    keep_.clear();
     pool_ = options_.pool;
-    device_ = -1;
+    keep_.set_pool(pool_.impl());
     has_conditionals_ = false;
   }
 
@@ -189,18 +203,18 @@ class Graph {
   //!
   //!     graph.retain(std::shared_ptr<Communicator>(comm));   // a shared object
   //!     graph.retain(std::move(workspace));                   // any move-only object
-  //! Free before capture_end; once the executable exists, each call compiles it again (CUDA
-  //! gives an executable references only to what its graph held when it was compiled).
+  //! The first object retained after capture_end compiles the executable again; later ones join
+  //! what the executable already holds (retained.hpp).
   template <class T>
   void retain(std::shared_ptr<T> object, tensorplay::source_location where = tensorplay::source_location::current()) {
-    retained_.add(std::move(object), graph_.get(), where);
-    if (!is_capturing()) hold_retained_in_executable(where);
+    keep_.add(std::move(object));
+    if (!is_capturing()) keep_kept(where);
   }
   template <class T>
     requires(!std::is_lvalue_reference_v<T>)
   void retain(T&& object, tensorplay::source_location where = tensorplay::source_location::current()) {
-    retained_.add(std::forward<T>(object), graph_.get(), where);
-    if (!is_capturing()) hold_retained_in_executable(where);
+    keep_.add(std::forward<T>(object));
+    if (!is_capturing()) keep_kept(where);
   }
 
   // ---- state ----------------------------------------------------------------------------
@@ -209,7 +223,10 @@ class Graph {
   //! (before any capture) a fresh private pool made now, so that other graphs can share it.
   [[nodiscard]] Pool pool() const {
     if (is_capturing()) return Pool(session_->context().pool());
-    if (!pool_) pool_ = graph_pool_handle();
+    if (!pool_) {
+      pool_ = graph_pool_handle();
+      keep_.set_pool(pool_.impl());
+    }
     return pool_;
   }
   [[nodiscard]] PoolId pool_id() const { return pool().id(); }
@@ -230,8 +247,8 @@ class Graph {
   //! Writes the captured graph as a DOT file with the given details.
   template <detail::PathLike Path>
   void debug_dump(const Path& path, DotFlags flags, tensorplay::source_location where = tensorplay::source_location::current()) const {
-    if (!graph_) detail::throw_usage("debug_dump: no capture has ended yet, so there is no graph to dump");
-    TENSORPLAY_CHECK(cudaGraphDebugDotPrint(graph_.get(), detail::path_c_str(path), detail::to_cuda(flags)), where);
+    if (!exec_.holds_graph()) detail::throw_usage("debug_dump: no capture has ended yet, so there is no graph to dump");
+    TENSORPLAY_CHECK(cudaGraphDebugDotPrint(exec_.graph(), detail::path_c_str(path), detail::to_cuda(flags)), where);
   }
 
   //! Where work is captured right now: the innermost open conditional body, else the capture
@@ -241,47 +258,52 @@ class Graph {
     return StreamRef(session_->current(), session_->device());
   }
   [[nodiscard]] bool is_capturing() const noexcept { return session_ && session_->is_open(); }
-  [[nodiscard]] bool is_instantiated() const noexcept { return static_cast<bool>(exec_); }
-  //! The device of the captured graph; -1 before the first capture_begin.
-  [[nodiscard]] int device() const noexcept { return device_; }
+  [[nodiscard]] bool is_instantiated() const noexcept { return exec_.compiled(); }
+  //! The device of the captured graph; -1 before the first capture ended.
+  [[nodiscard]] int device() const noexcept { return exec_.device(); }
   //! Number of open conditional bodies.
   [[nodiscard]] std::size_t conditional_depth() const noexcept { return is_capturing() ? session_->depth() : 0; }
 
   //! Number of top-level nodes of the captured graph (the copy node included, once staged).
   [[nodiscard]] std::size_t node_count(tensorplay::source_location where = tensorplay::source_location::current()) const {
-    if (!graph_) detail::throw_usage("node_count: no capture has ended yet");
+    if (!exec_.holds_graph()) detail::throw_usage("node_count: no capture has ended yet");
     std::size_t count = 0;
-    TENSORPLAY_CHECK(cudaGraphGetNodes(graph_.get(), nullptr, &count), where);
+    TENSORPLAY_CHECK(cudaGraphGetNodes(exec_.graph(), nullptr, &count), where);
     return count;
   }
 
   //! The CUDA handles, for calls tensorplay does not wrap (null before capture / instantiation).
-  [[nodiscard]] cudaGraph_t native_graph() const noexcept { return graph_.get(); }
+  [[nodiscard]] cudaGraph_t native_graph() const noexcept { return exec_.graph(); }
   [[nodiscard]] cudaGraphExec_t native_exec() const noexcept { return exec_.get(); }
+
+  //! The device memory the driver took for this graph's executable, the staging nodes included
+  //! (they are in the graph); 0 before the executable is compiled and after reset(). Modelled
+  //! from the graph, not measured: CUDA reports no memory per executable (docs/design.md,
+  //! "Memory", says how close). Walks the graph: not for a replay loop.
+  [[nodiscard]] std::size_t executable_bytes(tensorplay::source_location where = tensorplay::source_location::current()) const {
+    return exec_.bytes(where);
+  }
 
   // ---- conditional nodes, imperative form -------------------------------------------------
 
   //! Opens the body of an if node: captured work up to end_capture_to_conditional_node runs,
   //! at replay, only when `pred` is true at that point of the graph.
   template <class P>
-  void begin_capture_to_if_node(const P& pred, tensorplay::source_location where = tensorplay::source_location::current()) {
-    static_assert(detail::check_predicate_type<P>());
+  void begin_capture_to_if_node(const P& pred, tensorplay::source_location where = tensorplay::source_location::current()) requires detail::BoolTensorOrDevicePredicate<P> {
     open_conditional(cudaGraphCondTypeIf, pred, "begin_capture_to_if_node", where);
   }
 
   //! Opens the body of a while node: it runs while `pred` is true. Refresh the handle at the
   //! end of the body with set_conditional_handle_for_current_node (while_ does that for you).
   template <class P>
-  void begin_capture_to_while_node(const P& pred, tensorplay::source_location where = tensorplay::source_location::current()) {
-    static_assert(detail::check_predicate_type<P>());
+  void begin_capture_to_while_node(const P& pred, tensorplay::source_location where = tensorplay::source_location::current()) requires detail::BoolTensorOrDevicePredicate<P> {
     open_conditional(cudaGraphCondTypeWhile, pred, "begin_capture_to_while_node", where);
   }
 
   //! Captures, at this point of the innermost body, a kernel that copies `pred` into that
   //! body's conditional handle.
   template <class P>
-  void set_conditional_handle_for_current_node(const P& pred, tensorplay::source_location where = tensorplay::source_location::current()) {
-    static_assert(detail::check_predicate_type<P>());
+  void set_conditional_handle_for_current_node(const P& pred, tensorplay::source_location where = tensorplay::source_location::current()) requires detail::BoolTensorOrDevicePredicate<P> {
     constexpr const char* what = "set_conditional_handle_for_current_node";
     require_open_body(what, where);
     const detail::BodyCapture& body = session_->bodies().back();
@@ -300,8 +322,7 @@ class Graph {
 
   //! `body` runs at replay only when `pred` is true. body(StreamRef) or body().
   template <class P, class F>
-  void if_(const P& pred, F&& body, tensorplay::source_location where = tensorplay::source_location::current()) {
-    static_assert(detail::check_predicate_type<P>());
+  void if_(const P& pred, F&& body, tensorplay::source_location where = tensorplay::source_location::current()) requires detail::BoolTensorOrDevicePredicate<P> {
     begin_capture_to_if_node(pred, where);
     run_body(body);
     end_capture_to_conditional_node(where);
@@ -309,8 +330,7 @@ class Graph {
 
   //! `body` runs while `pred` is true; `pred` is re-read after every iteration.
   template <class P, class F>
-  void while_(const P& pred, F&& body, tensorplay::source_location where = tensorplay::source_location::current()) {
-    static_assert(detail::check_predicate_type<P>());
+  void while_(const P& pred, F&& body, tensorplay::source_location where = tensorplay::source_location::current()) requires detail::BoolTensorOrDevicePredicate<P> {
     begin_capture_to_while_node(pred, where);
     run_body(body);
     set_conditional_handle_for_current_node(pred, where);
@@ -319,8 +339,7 @@ class Graph {
 
   //! `then_body` when `pred` is true, else `else_body`. Needs CUDA 12.8.
   template <class P, class F, class G>
-  void if_else_(const P& pred, F&& then_body, G&& else_body, tensorplay::source_location where = tensorplay::source_location::current()) {
-    static_assert(detail::check_predicate_type<P>());
+  void if_else_(const P& pred, F&& then_body, G&& else_body, tensorplay::source_location where = tensorplay::source_location::current()) requires detail::BoolTensorOrDevicePredicate<P> {
     constexpr const char* what = "if_else_";
     require_open_capture(what, where);
     detail::require_multi_body_conditionals(what, where);
@@ -332,8 +351,7 @@ class Graph {
   //! Runs bodies[index] (none when the index is out of range or negative). `index` is a
   //! one-element integral device tensor, or a device callable returning an integer. Needs CUDA 12.8.
   template <class Index, class... Fs>
-  void switch_(const Index& index, Fs&&... bodies) {
-    static_assert(detail::check_index_type<Index>());
+  void switch_(const Index& index, Fs&&... bodies) requires detail::IntegralTensorOrDeviceIndex<Index> {
     static_assert(sizeof...(Fs) > 0, "switch_: give at least one body");
     const auto where = tensorplay::source_location::current();
     constexpr const char* what = "switch_";
@@ -365,58 +383,11 @@ class Graph {
     if constexpr (sizeof...(S) == sizeof...(I)) {
       static_assert((detail::check_stage_pair<std::remove_cvref_t<S>, std::remove_cvref_t<I>>() && ...));
       require_executable("stage_and_launch", where);
+      require_resident("stage_and_launch");
       if (detail::stream_is_capturing(stream.get(), where)) [[unlikely]]
         detail::throw_usage("stage_and_launch: the stream is being captured; stage outside the capture, or replay() "
                             "the graph inside it (a child graph) after copying the inputs there");
-      if constexpr ((detail::DevicePair<std::remove_cvref_t<S>, std::remove_cvref_t<I>> && ...) &&
-                    sizeof...(S) <= static_cast<std::size_t>(config::copy_table_max)) {
-        // The common case: the static buffers of the last call, every pair copied by the copy
-        // node, whose plan stands. Only the sources change (same_batched_plan, restage).
-        std::array<const void*, sizeof...(S)> sources;
-        if (staging_ && detail::same_batched_plan(static_inputs, inputs, device_, static_order_, sources) &&
-            staging_->node.restage(exec_.get(), sources.data(), static_cast<int>(sizeof...(S)), where)) {
-          detail::check(detail::graph_launch(exec_.get(), stream.get()), "cudaGraphLaunch", where);
-          staging_->node.launched();
-          return;
-        }
-      }
-      const auto plans = detail::plan_pairs(static_inputs, inputs, device_, static_order_, where);
-
-      std::size_t batched = 0;
-      std::size_t skipped = 0;
-      for (const detail::StagePlan& plan : plans) {
-        batched += plan.kind == detail::StageKind::Batched;
-        skipped += plan.kind == detail::StageKind::Skip;
-      }
-      const bool all_batched = batched + skipped == sizeof...(S);  // the common case: no pass over the others
-      if (batched == 0) {
-        issue_unbatched(plans, static_inputs, inputs, stream, where);
-        launch_unstaged(stream.get(), where);  // checked above: an executable, a stream not capturing
-        return;
-      }
-      Staging& staging = prepare_staging(stream.get(), where);
-      detail::CopyBatch& batch = staging.batch;
-      batch.start(batched < static_cast<std::size_t>(config::copy_table_max) ? batched : config::copy_table_max);
-      [&]<std::size_t... k>(std::index_sequence<k...>) {
-        (
-            [&] {
-              if (plans[k].kind != detail::StageKind::Batched) return;
-              if (batch.full()) {  // more pairs than one table holds: copy a full table first
-                staging.node.launch_now(batch, stream.get(), where);
-                batch.start(batch.count());
-              }
-              const auto& dst = std::get<k>(static_inputs);
-              batch.add(tensor_data(std::get<k>(inputs)), tensor_data(dst),
-                        tensor_size(dst) * sizeof(element_t<std::remove_cvref_t<decltype(dst)>>));
-            }(),
-            ...);
-      }(std::index_sequence_for<S...>{});
-      if (!all_batched) issue_unbatched(plans, static_inputs, inputs, stream, where);
-      const bool by_node = staging.node.stage(exec_.get(), batch, stream.get(), where);
-      detail::check(detail::graph_launch(exec_.get(), stream.get()), "cudaGraphLaunch", where);
-      if (by_node) staging.node.launched();
-      // Every pair went through the copy node, whose plan is now this call's static buffers.
-      static_order_.batched_plan = by_node && batched == sizeof...(S);
+      exec_.stage_and_launch(static_inputs, inputs, stream.get(), where);
     }
   }
 
@@ -437,17 +408,23 @@ class Graph {
   // capture_end without compiling (instantiate() compiles later): for captures that must all
   // end before any is compiled (DeviceGroupGraph), or whose graphs share one executable.
   void end_without_compiling(const tensorplay::source_location& where) {
+    rethrow_deferred();
+    require_open_capture("capture_end", where);
+    detail::CapturedGraph captured = end_session(where);
+    mode_ = from_cuda(captured.mode);
+    has_conditionals_ = captured.conditionals;
+    exec_.hold(std::move(captured.graph), captured.device, keep_.needed(), std::move(captured.conditional_bodies));
+  }
+
+  // What a ConditionalScope's destructor could not throw: the capture is abandoned and the error
+  // thrown by capture_end or update (found by the model test: update() used to drop it, and the
+  // update succeeded without the failed body).
+  void rethrow_deferred() {
     if (deferred_error_ && is_capturing()) {
       session_->abandon();
       std::rethrow_exception(std::exchange(deferred_error_, nullptr));
     }
     deferred_error_ = nullptr;  // kept by a capture abandoned since, whose error was thrown then
-    require_open_capture("capture_end", where);
-    graph_ = end_session(where);
-    device_ = capture_device_;
-    mode_ = capture_mode_;
-    has_conditionals_ = capturing_conditionals_;
-    retained_.retain_on(graph_.get(), where);
   }
 
   // A ConditionalScope could not close its body (in its destructor): capture_end rethrows.
@@ -477,6 +454,13 @@ class Graph {
     attempt([&] { detail::close_body(*session_, where); });
   }
 
+  // An offloaded pool (Pool::offload) has no device memory behind its addresses. One relaxed
+  // load on the replay path (PoolImpl::offloaded).
+  void require_resident(const char* what) const {
+    if (const auto& pool = pool_.impl(); pool && pool->offloaded()) [[unlikely]]
+      pool->require_resident(what);
+  }
+
   // ---- capture internals ----------------------------------------------------------------
 
   void begin_session(const CaptureOptions& options, std::shared_ptr<detail::PoolImpl> pool, const tensorplay::source_location& where) {
@@ -492,6 +476,7 @@ class Graph {
     if (stream == nullptr || stream == cudaStreamLegacy) stream = detail::side_stream(device, where);
     if (options.pool) pool = options.pool->impl();
     if (pool) {
+      pool->require_resident("capture_begin");
       if (pool->kind() != detail::PoolImpl::Kind::Graph)
         detail::throw_usage("capture_begin: a device's default pool cannot hold a graph's memory; use graph_pool_handle()");
       if (pool->device() != device)
@@ -502,28 +487,35 @@ class Graph {
     if (!session_) session_ = std::make_unique<detail::CaptureSession>();  // kept: no allocation per capture
     session_->begin(stream, device, mode, std::move(pool), where);
     deferred_error_ = nullptr;
-    capturing_conditionals_ = false;
-    capture_device_ = device;
-    capture_mode_ = options.capture_error_mode.value_or(options_.capture_error_mode);
   }
 
-  // Ends the open session; returns the captured graph. On failure the graph's state is as before
-  // the capture began (a first capture: no pool, no device).
-  detail::GraphHandle end_session(const tensorplay::source_location& where) {
-    std::pair<detail::GraphHandle, std::shared_ptr<detail::PoolImpl>> ended;
-    try {
-      ended = session_->end(where);
-    } catch (const usage_error&) {
-      throw;  // a body is still open: the capture goes on
-    } catch (...) {
-      if (!graph_) pool_ = options_.pool;
-      throw;
+  // Ends the open session and returns what it captured (given the Graph's keep-alive bundle when
+  // that holds objects). A capture that allocated into a pool the Graph does not hold (its first
+  // capture, with CaptureOptions::pool or not, or an update of a graph whose captures allocated
+  // nothing so far) gives the Graph that pool: the executable's memory then lives as long as the
+  // Graph.
+  detail::CapturedGraph end_session(const tensorplay::source_location& where) {
+    detail::CapturedGraph captured = session_->end(where);
+    if (captured.pool && captured.pool != pool_.impl()) {  // CaptureOptions::pool of a first capture, too
+      pool_ = Pool(captured.pool);
+      keep_.set_pool(captured.pool);
     }
-    if (ended.second && !graph_) pool_ = Pool(std::move(ended.second));
-    return std::move(ended.first);
+    if (keep_.needed()) keep_.retain_on(captured.graph.get(), where);
+    return captured;
   }
 
-  void compile(const tensorplay::source_location& where) { instantiate_exec(graph_.get(), upload_stream(), where); }
+  // Once the Graph retained an object, the graph it runs and its executable hold the keep-alive
+  // bundle: given to the graph, and compiled again if the executable was compiled without it.
+  void keep_kept(const tensorplay::source_location& where) {
+    if (!exec_.holds_graph() || !keep_.needed()) return;
+    if (!exec_.graph_keeps()) {
+      keep_.retain_on(exec_.graph(), where);
+      exec_.graph_now_keeps();
+    }
+    if (exec_.compiled() && !exec_.exec_keeps()) exec_.compile(std::nullopt, where);
+  }
+
+  void compile(const tensorplay::source_location& where) { exec_.compile(upload_stream(), where); }
 
   // Where a new executable is uploaded: GraphOptions::upload, on the stream captured last.
   [[nodiscard]] std::optional<cudaStream_t> upload_stream() const noexcept {
@@ -531,39 +523,12 @@ class Graph {
     return session_ ? session_->origin() : nullptr;
   }
 
-  // update(): the new version replaces the old one in the executable.
-  UpdateResult replace(detail::GraphHandle graph, const tensorplay::source_location& where) {
-    retained_.retain_on(graph.get(), where);
-    detail::StagingNodes copy;
-    if (staging_) copy = staging_->node.add_to(graph.get(), device_, where);
-    UpdateResult result;
-    if (exec_ && exec_.try_update(graph.get(), result, where)) {
-      result.outcome = UpdateOutcome::Updated;
-      // The copy node is named by the graph the executable was instantiated from: keep it. Its
-      // parameters are now the new graph's node's (no plan).
-      if (staging_) {
-        if (!origin_) origin_ = std::move(graph_);
-        staging_->node.recompiled();
-      }
-    } else {
-      result.outcome = UpdateOutcome::Reinstantiated;
-      origin_.reset();
-      if (staging_) staging_->node.adopt(copy);
-      exec_.reset();
-      instantiate_exec(graph.get(), upload_stream(), where);
+  static constexpr CaptureErrorMode from_cuda(cudaStreamCaptureMode mode) noexcept {
+    switch (mode) {
+      case cudaStreamCaptureModeThreadLocal: return CaptureErrorMode::ThreadLocal;
+      case cudaStreamCaptureModeRelaxed: return CaptureErrorMode::Relaxed;
+      default: return CaptureErrorMode::Global;
     }
-    graph_ = std::move(graph);
-    has_conditionals_ = capturing_conditionals_;
-    hold_retained_in_executable(where);  // objects retained by the update's body
-    return result;
-  }
-
-  // Launches the executable on `stream` (not capturing) with the staging nodes off: they must
-  // not copy again what the last stage_and_launch staged.
-  void launch_unstaged(cudaStream_t stream, const tensorplay::source_location& where) {
-    if (staging_ && staging_->node.enabled()) [[unlikely]]
-      staging_->node.disable(exec_.get(), where);
-    detail::check(detail::graph_launch(exec_.get(), stream), "cudaGraphLaunch", where);
   }
 
   template <class F>
@@ -575,9 +540,7 @@ class Graph {
   template <class P>
   detail::ConditionalNode add_conditional(cudaGraphConditionalNodeType type, unsigned size, const P& pred,
                                           const char* what, const tensorplay::source_location& where) {
-    const detail::ConditionalNode node = detail::add_conditional_node(*session_, type, size, pred, what, where);
-    capturing_conditionals_ = true;
-    return node;
+    return detail::add_conditional_node(*session_, type, size, pred, what, where);
   }
 
   template <class P>
@@ -608,10 +571,10 @@ class Graph {
     if (session_->depth() == 0) detail::throw_usage(std::string(what) + ": no conditional body is open");
   }
   void require_executable(const char* what, const tensorplay::source_location&) const {
-    if (!exec_) [[unlikely]] {
+    if (!exec_.compiled()) [[unlikely]] {
       if (is_capturing()) detail::throw_usage(std::string(what) + ": the graph is still capturing; call capture_end first");
-      if (graph_) detail::throw_usage(std::string(what) + ": the graph has no executable (its instantiation failed); "
-                                                          "call instantiate() or capture again");
+      if (exec_.holds_graph()) detail::throw_usage(std::string(what) + ": the graph has no executable (its instantiation failed); "
+                                                                       "call instantiate() or capture again");
       detail::throw_usage(std::string(what) + ": nothing has been captured (call capture_begin/capture_end or capture first)");
     }
   }
@@ -620,110 +583,55 @@ class Graph {
   // stream (null) belongs to whatever device is current: the graph's device is made current for it.
   template <class F>
   void on_current_stream(F&& f, const tensorplay::source_location& where) const {
-    const cudaStream_t stream = current_stream(device_);
+    const cudaStream_t stream = current_stream(exec_.device());
     if (stream == nullptr) {
-      detail::DeviceGuard guard(device_, where);
+      detail::DeviceGuard guard(exec_.device(), where);
       f(stream);
     } else {
       f(stream);
     }
   }
 
-  // replay(stream) while `stream` captures: a child-graph node in that capture, which keeps this
-  // graph's pool and retained objects alive for as long as the outer graph lives.
+  // replay(stream) while `stream` captures: a child-graph node in that capture. The capture's
+  // graph (for a conditional body, the graph of the capture holding it) gets the keep-alive
+  // bundle, so that this graph's pool and retained objects live as long as the outer graph.
   void add_to_capture(cudaStream_t stream, const tensorplay::source_location& where) {
     if (has_conditionals_)
       detail::throw_usage("replay: the stream is being captured, and this graph holds conditional nodes, which CUDA "
                           "does not allow in a child graph; replay it outside the capture, or capture its work "
                           "into the outer graph directly");
+    keep_.retain_on_capture(stream, where);  // checks that the capture is still active
     detail::CaptureInfo info;
     TENSORPLAY_CHECK(detail::get_capture_info(stream, info), where);
     if (info.status != cudaStreamCaptureStatusActive)
-      detail::check(cudaErrorStreamCaptureInvalidated, "replay into a capture (the capture was invalidated earlier)", where);
+      detail::throw_capture_failure_on(cudaErrorStreamCaptureInvalidated, "replay into a capture (the capture was invalidated earlier)",
+                                       stream, where);
     cudaGraphNode_t node = nullptr;
-    TENSORPLAY_CHECK(cudaGraphAddChildGraphNode(&node, info.graph, info.dependencies, info.dependency_count, graph_.get()),
+    TENSORPLAY_CHECK(cudaGraphAddChildGraphNode(&node, info.graph, info.dependencies, info.dependency_count, exec_.graph()),
                      where);
     TENSORPLAY_CHECK(detail::set_capture_dependencies(stream, &node, 1), where);
-    retained_.retain_on(info.graph, where);
-    if (pool_) detail::RetainedObjects::retain_copy(pool_, info.graph, where);
+    detail::note_conditional_node();  // RandomState: draws after this child graph start a new segment
   }
 
-  // ---- retained objects and the executable --------------------------------------------------
-
-  // Every compile goes through here: the executable holds the objects retained so far.
-  void instantiate_exec(cudaGraph_t graph, std::optional<cudaStream_t> upload, const tensorplay::source_location& where) {
-    exec_.instantiate(graph, upload, where);
-    retained_in_exec_ = retained_.size();
-  }
-
-  // An executable holds references to the user objects its graph held when it was compiled, and
-  // CUDA adds none later (an in-place update neither). Objects retained since then are given to
-  // it by compiling it again, from the graph it was compiled from, so that they outlive its launches.
-  void hold_retained_in_executable(const tensorplay::source_location& where) {
-    if (!exec_ || retained_.size() == retained_in_exec_) return;
-    const cudaGraph_t source = origin_ ? origin_.get() : graph_.get();
-    if (origin_) retained_.retain_since(retained_in_exec_, source, where);
-    instantiate_exec(source, std::nullopt, where);
-    if (staging_) staging_->node.recompiled();
-  }
-
-  // ---- staging internals ----------------------------------------------------------------
-
-  struct Staging {
-    detail::CopyNode node;
-    detail::CopyBatch batch;
-  };
-
-  // The copy node, made on the first stage_and_launch that batches: added to the graph, which
-  // is compiled again with it (CUDA allows a graph with conditional nodes one executable).
-  Staging& prepare_staging(cudaStream_t stream, const tensorplay::source_location& where) {
-    if (staging_) return *staging_;
-    auto staging = std::make_unique<Staging>(Staging{detail::CopyNode(detail::RingGraveyard::instance().take(device_, stream, where)), {}});
-    staging->node.adopt(staging->node.add_to(graph_.get(), device_, where));
-    instantiate_exec(graph_.get(), std::nullopt, where);
-    staging_ = std::move(staging);
-    return *staging_;
-  }
-
-  template <std::size_t N, class StaticTuple, class InputTuple>
-  void issue_unbatched(const std::array<detail::StagePlan, N>& plans, const StaticTuple& statics, const InputTuple& inputs,
-                       StreamRef stream, const tensorplay::source_location& where) {
-    [&]<std::size_t... k>(std::index_sequence<k...>) {
-      (detail::issue_unbatched(plans[k], std::get<k>(statics), std::get<k>(inputs), device_, stream.get(), where), ...);
-    }(std::make_index_sequence<N>{});
-  }
-
-  // Hot members first: replay reads exec_ and staging_ only.
+  // Hot member first: replay reads exec_ only.
   detail::Executable exec_;
-  std::unique_ptr<Staging> staging_;
   GraphOptions options_;
-  mutable Pool pool_;
-  detail::GraphHandle graph_;   // the latest captured graph
-  detail::GraphHandle origin_;  // the graph exec_ was compiled from, kept while update() replaced graph_
-                                // and the copy node (named by this graph) is in use
-  detail::RetainedObjects retained_;
-  std::size_t retained_in_exec_ = 0;  // how many of retained_'s objects the executable holds
-  detail::StaticOrder static_order_;  // stage_and_launch's static buffers, sorted (staging.hpp)
-  int device_ = -1;
-  int capture_device_ = -1;
-  CaptureErrorMode mode_ = CaptureErrorMode::Global;
-  CaptureErrorMode capture_mode_ = CaptureErrorMode::Global;
+  mutable Pool pool_;               // the pool captures go into (empty until one is needed)
+  mutable detail::KeepAlive keep_;  // retained objects and the pool, held by graphs and executables
+  CaptureErrorMode mode_ = CaptureErrorMode::Global;  // the last capture's: update() captures with it
   bool debug_ = false;
-  bool has_conditionals_ = false;        // CUDA refuses such a graph as a child graph
-  bool capturing_conditionals_ = false;  // the open capture made conditional nodes
+  bool has_conditionals_ = false;   // CUDA refuses such a graph as a child graph
   std::exception_ptr deferred_error_;  // what a ConditionalScope's destructor could not throw
   std::unique_ptr<detail::CaptureSession> session_;  // destroyed first: abandons an open capture
 };
 
 namespace detail {
 
-//! What other parts of the library (DeviceGroupGraph, GraphBuckets) need of a Graph beyond its
-//! public API.
+//! What GraphBuckets::estimate needs of a Graph beyond its public API: the bodies of the
+//! conditional nodes of the graph it holds, which CUDA cannot list from the node (the
+//! executable-memory model, detail/exec_memory.hpp).
 struct GraphAccess {
-  //! Ends the capture without compiling; Graph::instantiate() compiles later.
-  static void end_capture_only(Graph& graph, const tensorplay::source_location& where) { graph.end_without_compiling(where); }
-  //! The Graph's pool object (its implementation), to keep alive beside its executables.
-  static const std::shared_ptr<PoolImpl>& pool_impl(const Graph& graph) noexcept { return graph.pool_.impl(); }
+  static const ConditionalBodies* conditional_bodies(const Graph& graph) noexcept { return &graph.exec_.bodies(); }
 };
 
 }  // namespace detail

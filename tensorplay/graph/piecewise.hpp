@@ -128,6 +128,14 @@ class PiecewiseGraph {
     }
   }
 
+  //! The modelled device memory of every segment's executable (Graph::executable_bytes).
+  [[nodiscard]] std::size_t executable_bytes(tensorplay::source_location where = tensorplay::source_location::current()) const {
+    std::size_t bytes = 0;
+    for (const Piece& piece : pieces_)
+      if (!piece.step) bytes += piece.graph.executable_bytes(where);
+    return bytes;
+  }
+
   //! Captured segments plus eager steps.
   [[nodiscard]] std::size_t segments() const noexcept { return count_; }
 

@@ -1,11 +1,21 @@
-// tensorplay/graph/retained.hpp: objects that live as long as a graph (Graph::retain).
+// tensorplay/graph/retained.hpp: what a Graph's graphs and executables keep alive (Graph::retain,
+// and the pool its captures allocated from).
 //
-// Each object becomes a CUDA user object. The Graph holds one reference, and every graph it
-// captures (and every executable CUDA makes from those) holds its own: CUDA releases the object
-// once the Graph dropped it and the last graph, executable and launch that can use it are gone.
-// The destructor then runs on the library's reaper thread (reaper.hpp), never on CUDA's.
+// One bundle per Graph (until reset()): the objects it retained and its pool. Every outer graph
+// the Graph is replayed into holds the bundle through one CUDA user object, and so does every
+// graph the Graph captures once it retained an object, and every executable CUDA compiles from
+// those graphs. The bundle dies when the Graph dropped it and the last graph, executable and
+// launch holding it are gone. Objects retained after the first join the bundle, which the
+// executables already hold: only the first retain after compiling costs a compile (CUDA gives an
+// executable references only to what its graph held when it was compiled). A graph with nothing
+// retained holds no user object, because CUDA takes a reference at every launch of an executable
+// that holds one (about 2 us of host time per cudaGraphLaunch on the H200); its own pool lives
+// as long as the Graph, and a dying pool's cudaFree waits for the launches still running.
+// When CUDA releases the last reference, the destructor runs on the library's reaper thread
+// (reaper.hpp), never on CUDA's, so it may call CUDA.
 #pragma once
 
+#include <tensorplay/detail/capture_retain.hpp>
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/detail/reaper.hpp>
 #include <tensorplay/error.hpp>
@@ -15,50 +25,87 @@
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace tensorplay::detail {
 
-class RetainedObjects {
+class PoolImpl;
+
+template <class T>
+struct is_shared_ptr : std::false_type {};
+template <class T>
+struct is_shared_ptr<std::shared_ptr<T>> : std::true_type {};
+
+class KeepAlive {
  public:
-  //! Takes `object` (moved), and retains it on `graph` too when there is one.
+  // The bundle is made on first use: most Graphs retain nothing and are never replayed into
+  // another capture. A moved-from KeepAlive is empty too, and usable.
+
+  //! Keeps `object` (a shared_ptr, or any move-only value, moved) for the bundle's lifetime.
   template <class T>
-  void add(T&& object, cudaGraph_t graph, const tensorplay::source_location& where) {
-    UserObjectRef ref = make(std::forward<T>(object), where);
-    if (graph != nullptr) TENSORPLAY_CHECK(cudaGraphRetainUserObject(graph, ref.get(), 1, 0), where);
-    objects_.push_back(std::move(ref));
+  void add(T&& object) {
+    using Value = std::remove_cvref_t<T>;
+    std::shared_ptr<const void> held;
+    if constexpr (is_shared_ptr<Value>::value)
+      held = std::forward<T>(object);
+    else
+      held = std::make_shared<Value>(std::forward<T>(object));
+    Bundle& bundle = made();
+    std::lock_guard lock(bundle.mutex);
+    bundle.objects.push_back(std::move(held));
   }
 
-  //! Retains every object on `graph` (a new capture of the same Graph, or an outer graph).
+  //! The pool the Graph's captures allocate from (the bundle keeps it for its executables).
+  void set_pool(std::shared_ptr<PoolImpl> pool) {
+    if (!bundle_ && !pool) return;
+    Bundle& bundle = made();
+    std::lock_guard lock(bundle.mutex);
+    bundle.pool = std::move(pool);
+  }
+
+  //! Gives `graph` (a new capture of the Graph, before it is compiled) a reference to the bundle.
   void retain_on(cudaGraph_t graph, const tensorplay::source_location& where) const {
-    for (const UserObjectRef& ref : objects_) TENSORPLAY_CHECK(cudaGraphRetainUserObject(graph, ref.get(), 1, 0), where);
-  }
-
-  //! Retains the objects added after the first `first` on `graph`.
-  void retain_since(std::size_t first, cudaGraph_t graph, const tensorplay::source_location& where) const {
-    for (std::size_t i = first; i < objects_.size(); ++i)
-      TENSORPLAY_CHECK(cudaGraphRetainUserObject(graph, objects_[i].get(), 1, 0), where);
-  }
-
-  //! Retains a copy of `value` on `graph` only (the graph gets the one reference).
-  template <class T>
-  static void retain_copy(const T& value, cudaGraph_t graph, const tensorplay::source_location& where) {
-    UserObjectRef ref = make(T(value), where);
+    UserObjectRef ref = make_ref(where);
     TENSORPLAY_CHECK(cudaGraphRetainUserObject(graph, ref.get(), 1, cudaGraphUserObjectMove), where);
     (void)ref.release();  // moved into the graph
   }
 
-  //! Drops the Graph's references (the objects live on while graphs and launches hold them).
-  void clear() noexcept { objects_.clear(); }
-  [[nodiscard]] std::size_t size() const noexcept { return objects_.size(); }
+  //! Gives the capture running on `stream` (an outer graph this Graph is replayed into, or the
+  //! capture that holds its conditional body) a reference to the bundle.
+  void retain_on_capture(cudaStream_t stream, const tensorplay::source_location& where) const {
+    detail::retain_on_capture(stream, make_ref(where).release(), where);
+  }
+
+  //! Drops the Graph's reference and starts an empty bundle (the old one lives on while graphs,
+  //! executables and launches hold it).
+  void clear() noexcept { bundle_.reset(); }
+  //! Whether the Graph's graphs and executables must hold the bundle: it holds retained objects.
+  [[nodiscard]] bool needed() const { return size() != 0; }
+  [[nodiscard]] std::size_t size() const {
+    if (!bundle_) return 0;
+    std::lock_guard lock(bundle_->mutex);
+    return bundle_->objects.size();
+  }
 
  private:
-  template <class T>
-  static UserObjectRef make(T&& object, const tensorplay::source_location& where) {
-    using Value = std::remove_cvref_t<T>;
-    auto box = std::make_unique<RetainedValue<Value>>(std::forward<T>(object));
+  struct Bundle {
+    mutable std::mutex mutex;
+    std::vector<std::shared_ptr<const void>> objects;
+    std::shared_ptr<PoolImpl> pool;
+  };
+
+  Bundle& made() const {
+    if (!bundle_) bundle_ = std::make_shared<Bundle>();
+    return *bundle_;
+  }
+
+  // A CUDA user object holding one reference to the bundle.
+  [[nodiscard]] UserObjectRef make_ref(const tensorplay::source_location& where) const {
+    made();
+    auto box = std::make_unique<RetainedValue<std::shared_ptr<Bundle>>>(std::shared_ptr<Bundle>(bundle_));
     cudaUserObject_t handle = nullptr;
     TENSORPLAY_CHECK(cudaUserObjectCreate(&handle, box.get(), &Reaper::enqueue, 1, cudaUserObjectNoDestructorSync), where);
     (void)box.release();  // CUDA owns it now: the reaper deletes it
@@ -66,7 +113,7 @@ class RetainedObjects {
     return UserObjectRef(handle);
   }
 
-  std::vector<UserObjectRef> objects_;
+  mutable std::shared_ptr<Bundle> bundle_;  // null until first used
 };
 
 }  // namespace tensorplay::detail

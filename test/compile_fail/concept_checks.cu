@@ -18,6 +18,19 @@ static_assert(tp::ContiguousTensor<std::span<float>>);
 static_assert(tp::ScalarPredicate<tp::DeviceTensor<bool>>);
 static_assert(!tp::Tensor<std::vector<float>>);
 static_assert(!tp::Tensor<int*>);
+// The conditional-node calls are constrained, so generic code can ask whether a call is valid.
+struct NoArgBody {
+  void operator()() const {}
+};
+template <class P>
+concept IfAccepts = requires(tp::Graph& g, const P& p, NoArgBody body) { g.if_(p, body); };
+template <class I>
+concept SwitchAccepts = requires(tp::Graph& g, const I& i, NoArgBody body) { g.switch_(i, body); };
+static_assert(IfAccepts<tp::DeviceTensor<bool>>);
+static_assert(!IfAccepts<tp::DeviceTensor<int>>);
+static_assert(!IfAccepts<std::vector<bool>>);
+static_assert(SwitchAccepts<tp::DeviceTensor<int>>);
+static_assert(!SwitchAccepts<tp::DeviceTensor<bool>>);
 #endif
 
 void concept_cases(tp::Graph& graph, tp::DeviceTensor<bool>& flag, tp::DeviceTensor<int>& index, tp::DeviceTensor<float>& a,
