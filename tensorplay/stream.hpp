@@ -114,11 +114,11 @@ class Stream : public StreamRef {
 //! This thread's current stream on the current device; the legacy default stream unless a
 //! StreamGuard or an open capture made another one current.
 [[nodiscard]] inline StreamRef current_stream(tensorplay::source_location where = tensorplay::source_location::current()) {
-  return detail::thread_streams().current[detail::current_device(where)];
+  return detail::thread_streams().current[static_cast<std::size_t>(detail::current_device(where))];
 }
 
 //! This thread's current stream on `device`.
-[[nodiscard]] inline StreamRef current_stream(int device) noexcept { return detail::thread_streams().current[device]; }
+[[nodiscard]] inline StreamRef current_stream(int device) noexcept { return detail::thread_streams().current[static_cast<std::size_t>(device)]; }
 
 //! Makes `stream` (and its device) current for this thread; restores both on destruction.
 //!
@@ -127,22 +127,18 @@ class Stream : public StreamRef {
 class StreamGuard {
  public:
   explicit StreamGuard(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current())
-      : previous_device_(detail::current_device(where)),
-        device_(stream.device(where)),
-        previous_stream_(detail::thread_streams().current[device_]) {
-    if (device_ != previous_device_) TENSORPLAY_CHECK(cudaSetDevice(device_), where);
+      : device_(stream.device(where)),
+        on_device_(device_, where),
+        previous_stream_(detail::thread_streams().current[static_cast<std::size_t>(device_)]) {
     detail::set_current_stream(device_, stream);
   }
   StreamGuard(const StreamGuard&) = delete;
   StreamGuard& operator=(const StreamGuard&) = delete;
-  ~StreamGuard() {
-    detail::set_current_stream(device_, previous_stream_);
-    if (device_ != previous_device_) (void)cudaSetDevice(previous_device_);
-  }
+  ~StreamGuard() { detail::set_current_stream(device_, previous_stream_); }
 
  private:
-  int previous_device_;
   int device_;
+  detail::DeviceGuard on_device_;  // restores the caller's device after the stream
   cudaStream_t previous_stream_;
 };
 

@@ -4,6 +4,7 @@
 #include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device_guard.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
@@ -69,51 +70,6 @@ inline int stream_device(cudaStream_t stream, const tensorplay::source_location&
   return current_device(where);
 #endif
 }
-
-//! Makes `device` current for its lifetime; restores the previous device only if it switched.
-class DeviceGuard {
- public:
-  DeviceGuard(int device, const tensorplay::source_location& where) {
-    const int current = current_device(where);
-    if (current != device) {
-      TENSORPLAY_CHECK(cudaSetDevice(device), where);
-      previous_ = current;
-    }
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-  ~DeviceGuard() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = -1;
-};
-
-//! Makes `device` current for its lifetime and restores the previous device; never throws (for
-//! destructors and exit paths). A negative `device`, or a failed switch, leaves the current one.
-class QuietDeviceGuard {
- public:
-  explicit QuietDeviceGuard(int device) noexcept {
-    if (device < 0) return;
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return;
-    }
-    if (current == device) return;
-    if (cudaSetDevice(device) == cudaSuccess) previous_ = current;
-    else (void)cudaGetLastError();
-  }
-  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
-  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
-  ~QuietDeviceGuard() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = -1;
-};
 
 //! The device of a stream that is not capturing, or -1 when CUDA cannot say (before CUDA 12.8,
 //! or for the legacy stream). Never throws.

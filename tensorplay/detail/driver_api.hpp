@@ -26,6 +26,24 @@ struct DriverKernelNodeParams {
   void* context;
 };
 
+//! The driver's entry point `symbol`, of the version whose parameters the caller's type mirrors.
+//! \throws cuda_error when the driver has no such function.
+inline void* driver_entry_point(const char* symbol, int version, const tensorplay::source_location& where) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  check(cudaGetDriverEntryPointByVersion(symbol, &fn, static_cast<unsigned>(version), cudaEnableDefault, &found),
+        "cudaGetDriverEntryPointByVersion", where);
+  if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+    check(cudaErrorSymbolNotFound, "cudaGetDriverEntryPointByVersion (driver function not found)", where);
+  return fn;
+}
+
+//! Sets `out` to the driver's entry point `symbol` of `version` (a function pointer type F).
+template <int Version, class F>
+void resolve_driver(const char* symbol, F& out, const tensorplay::source_location& where) {
+  out = reinterpret_cast<F>(driver_entry_point(symbol, Version, where));
+}
+
 class DriverApi {
  public:
   using StreamIsCapturing = int (*)(cudaStream_t, cudaStreamCaptureStatus*);
@@ -51,14 +69,7 @@ class DriverApi {
 
   template <class F>
   static void resolve(const char* symbol, F& out, const tensorplay::source_location& where) {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    // Version 12000: the _v2 entry points, whose parameters DriverKernelNodeParams mirrors.
-    check(cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found),
-          "cudaGetDriverEntryPointByVersion", where);
-    if (found != cudaDriverEntryPointSuccess || fn == nullptr)
-      check(cudaErrorSymbolNotFound, "cudaGetDriverEntryPointByVersion (driver function not found)", where);
-    out = reinterpret_cast<F>(fn);
+    resolve_driver<12000>(symbol, out, where);  // the _v2 entry points, which DriverKernelNodeParams mirrors
   }
 };
 
