@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #if __has_include(<source_location>)
 #include <source_location>
 #endif
@@ -74,18 +75,24 @@ inline std::string failed_call_text(std::string_view call, std::string_view name
 class cuda_error : public std::runtime_error {
  public:
   cuda_error(cudaError_t status, std::string_view call, tensorplay::source_location where)
-      : std::runtime_error(describe(status, call, where)), status_(status), where_(where) {}
+      : std::runtime_error(describe(status, call, "", where)), status_(status), where_(where) {}
 
   //! The status the failing call returned.
   [[nodiscard]] cudaError_t status() const noexcept { return status_; }
   //! Where the caller asked for the failing work.
   [[nodiscard]] const tensorplay::source_location& where() const noexcept { return where_; }
 
+ protected:
+  //! For errors that say more: `more` (empty or starting with "; ") goes before " at <file>:<line>".
+  cuda_error(cudaError_t status, std::string_view call, std::string_view more, tensorplay::source_location where)
+      : std::runtime_error(describe(status, call, more, where)), status_(status), where_(where) {}
+
  private:
-  static std::string describe(cudaError_t status, std::string_view call, tensorplay::source_location where) {
-    return detail::failed_call_text(call, cudaGetErrorName(status), cudaGetErrorString(status),
-                                    means_no_device(status) ? "; no usable CUDA device (is a GPU present and its driver loaded?)" : "",
-                                    where);
+  static std::string describe(cudaError_t status, std::string_view call, std::string_view more,
+                              tensorplay::source_location where) {
+    std::string all(means_no_device(status) ? "; no usable CUDA device (is a GPU present and its driver loaded?)" : "");
+    all += more;
+    return detail::failed_call_text(call, cudaGetErrorName(status), cudaGetErrorString(status), all, where);
   }
 
   // Statuses with which the runtime says, in its own words, that there is no GPU to run on.
@@ -99,12 +106,82 @@ class cuda_error : public std::runtime_error {
   tensorplay::source_location where_;
 };
 
+//! A stream capture was invalidated (or ended behind tensorplay's back), by a call of the
+//! library's, the user's or another library's: thrown instead of a bare cuda_error, at the
+//! latest by capture_end. Nothing is left capturing, as after every error.
+//!
+//! `what()` keeps cuda_error's form (the call that noticed, CUDA's status, the caller's
+//! file:line, last) and adds, in the same line, the call that broke the capture, the thread it
+//! came from, what the driver said, where the capture began and the innermost open conditional
+//! body, and any other capture that took part. How the culprit is found: docs/guide.md
+//! (Pitfalls: "When a capture breaks").
+//! Example: `cudaStreamEndCapture failed: cudaErrorStreamCaptureInvalidated (operation failed due
+//! to a previous error during capture); broken by cudaMalloc on another thread; driver: "API call
+//! conflicts with a stream capture sequence initiated from another thread; Returning 900
+//! (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) from cuMemAlloc_v2"; capture begun at train.cu:40 at train.cu:52`
+class capture_error : public cuda_error {
+ public:
+  //! What is known about the failure besides CUDA's status.
+  struct Facts {
+    std::string culprit;             // the API call that broke the capture; empty when unknown
+    bool from_other_thread = false;  // it came from a thread other than the capturing one
+    std::string driver_message;      // what the driver logged about it; empty when nothing
+    std::string context;             // where the capture and its innermost body began, other captures
+  };
+
+  capture_error(cudaError_t status, std::string_view call, tensorplay::source_location where, Facts facts)
+      : cuda_error(status, call, describe(facts), where), facts_(std::move(facts)) {}
+
+  //! The API call that broke the capture, e.g. "cudaStreamSynchronize"; empty when unknown.
+  [[nodiscard]] const std::string& culprit() const noexcept { return facts_.culprit; }
+  //! The call came from a thread other than the one that began the capture.
+  [[nodiscard]] bool from_other_thread() const noexcept { return facts_.from_other_thread; }
+  //! The driver's own explanation (its error log, CUDA 12.9+), when it gave one.
+  [[nodiscard]] const std::string& driver_message() const noexcept { return facts_.driver_message; }
+
+ private:
+  static std::string describe(const Facts& facts) {
+    std::string more;
+    if (!facts.culprit.empty()) {
+      more += "; broken by " + facts.culprit;
+      more += facts.from_other_thread ? " on another thread" : " on the capturing thread";
+    } else {
+      more += "; the call that broke it is not known";
+    }
+    if (!facts.driver_message.empty()) more += "; driver: \"" + facts.driver_message + "\"";
+    if (!facts.context.empty()) more += "; " + facts.context;
+    return more;
+  }
+
+  Facts facts_;
+};
+
 //! The API was misused: wrong state (replay before capture, end without begin) or a bad
 //! argument (a predicate with two elements). The object stays usable after it is thrown, and
 //! nothing was left capturing.
 class usage_error : public std::logic_error {
  public:
   using std::logic_error::logic_error;
+};
+
+//! CUDA refused to compile a graph (cudaGraphInstantiateWithParams): what() names CUDA's
+//! instantiation result and the type of the node it refused; result() gives the result.
+class instantiate_error : public cuda_error {
+ public:
+  instantiate_error(cudaError_t status, std::string_view call, cudaGraphInstantiateResult result, tensorplay::source_location where)
+      : cuda_error(status, call, where), result_(result) {}
+  [[nodiscard]] cudaGraphInstantiateResult result() const noexcept { return result_; }
+
+ private:
+  cudaGraphInstantiateResult result_;
+};
+
+//! A conditional body captured work that CUDA does not allow there (a node type outside
+//! kernels, memsets, memcpys, empty nodes, child graphs and conditional nodes; a child graph
+//! CUDA refuses), found when the body closed.
+class conditional_body_error : public usage_error {
+ public:
+  using usage_error::usage_error;
 };
 
 namespace detail {

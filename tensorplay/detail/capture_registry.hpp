@@ -8,15 +8,27 @@
 // The sequence id of a capture is asked of CUDA only when a lookup needs it (the capture's
 // first allocation, say), not when the capture begins: most captures allocate nothing, and
 // the query costs about as much as the rest of capture_begin's bookkeeping together.
+//
+// For the capture doctor (capture_doctor.hpp) each capture and body also keeps where it was
+// asked for, its thread and mode, and where the doctor's evidence stood when it began; the
+// last few that ended are kept too, so that a failure can name a capture that is already over
+// (another thread's, whose call broke this one).
 #pragma once
 
 #include <tensorplay/config.hpp>
+#include <tensorplay/detail/capture_doctor_watch.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device_guard.hpp>
+#include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -39,8 +51,26 @@ class CaptureOwner {
   ~CaptureOwner() = default;
 };
 
+//! What the capture doctor knows of a capture or of a conditional body.
+struct CaptureRecord {
+  static constexpr std::uint64_t still_open = UINT64_MAX;
+  CaptureSeq seq = 0;                      // 0: not asked of CUDA (yet)
+  cudaStream_t origin = nullptr;           // the capture's origin stream (a body's: its capture's)
+  bool body = false;
+  std::size_t depth = 0;                   // a body's nesting depth: 1 directly inside the capture
+  tensorplay::source_location where{};     // where capture_begin (or the body) was asked for
+  std::thread::id thread;                  // the thread that began it
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::uint64_t opened = 0;                // CaptureEvidence::mark() when it began
+  std::uint64_t closed = still_open;       // ... when it ended
+};
+
 class CaptureRegistry {
  public:
+  //! Ended captures and bodies kept for the doctor: a failure names at most the one capture
+  //! that took part, usually ended moments ago; 32 covers a busy process's last moments.
+  static constexpr std::size_t ended_kept = 32;
+
   TENSORPLAY_PROCESS_WIDE static CaptureRegistry& instance() {
     static auto* registry = new CaptureRegistry;  // leaked on purpose: pools die after main returns
     return *registry;
@@ -52,22 +82,67 @@ class CaptureRegistry {
   //! A capture on `stream` starts; allocations on its streams go through `context`, and its
   //! streams belong to `device`. `seq` may be 0 (not asked yet): it is then asked of CUDA
   //! when a lookup first needs it.
-  void add_capture(CaptureContext* context, CaptureOwner* owner, cudaStream_t stream, CaptureSeq seq, int device) {
+  //! `where` and `mode` are for the capture doctor: where the capture was asked for, its mode.
+  void add_capture(CaptureContext* context, CaptureOwner* owner, cudaStream_t stream, CaptureSeq seq, int device,
+                   const tensorplay::source_location& where = {}, cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal) {
+    CaptureDoctorWatch::instance().start();  // once per process; safe inside the capture (probed)
+    CaptureRecord record;
+    record.origin = stream;
+    record.where = where;
+    record.thread = std::this_thread::get_id();
+    record.mode = mode;
+    record.opened = CaptureEvidence::instance().mark();
     std::lock_guard lock(mutex_);
-    entries_.push_back({seq, stream, context, owner, device});
+    entries_.push_back({seq, stream, context, owner, device, record});
     open_.store(open_.load(std::memory_order_relaxed) + 1, std::memory_order_release);  // writers hold the mutex
   }
 
   //! A conditional body (sequence `seq`) of the capture that registered `context` starts.
   void add_body(CaptureContext* context, CaptureSeq seq, int device) {
     std::lock_guard lock(mutex_);
-    entries_.push_back({seq, nullptr, context, nullptr, device});
+    CaptureRecord record;
+    record.body = true;
+    record.thread = std::this_thread::get_id();
+    record.opened = CaptureEvidence::instance().mark();
+    record.depth = 1;
+    for (const Entry& e : entries_) {
+      if (e.context != context) continue;
+      if (e.stream != nullptr) {
+        record.origin = e.stream;
+        record.mode = e.record.mode;
+      } else {
+        ++record.depth;
+      }
+    }
+    entries_.push_back({seq, nullptr, context, nullptr, device, record});
+  }
+
+  //! Where the body of sequence `seq` was asked for (for the capture doctor's messages).
+  void locate_body(CaptureSeq seq, const tensorplay::source_location& where) noexcept {
+    std::lock_guard lock(mutex_);
+    for (Entry& e : entries_)
+      if (e.stream == nullptr && e.seq == seq) e.record.where = where;
   }
 
   //! The body ended.
   void remove_body(CaptureSeq seq) noexcept {
     std::lock_guard lock(mutex_);
     erase_first([seq](const Entry& e) { return e.stream == nullptr && e.seq == seq; });
+  }
+
+  //! Every open capture and body, then the last ones that ended (most recent last), for the
+  //! capture doctor. Never asks CUDA anything (the driver-log callback must not wait on it).
+  [[nodiscard]] std::vector<CaptureRecord> records() const {
+    std::lock_guard lock(mutex_);
+    std::vector<CaptureRecord> out;
+    out.reserve(entries_.size() + ended_kept);
+    for (const Entry& e : entries_) {
+      out.push_back(e.record);
+      out.back().seq = e.seq;
+    }
+    const std::size_t kept = ended_count_ < ended_kept ? ended_count_ : ended_kept;
+    for (std::size_t i = ended_count_ - kept; i < ended_count_; ++i) out.push_back(ended_[i % ended_kept]);
+    return out;
   }
 
   //! The capture that registered `context` ended (its bodies are gone already). When the last
@@ -161,11 +236,8 @@ class CaptureRegistry {
       (void)cudaGetLastError();
       return;
     }
-    int current = -1;
-    (void)cudaGetDevice(&current);
-    if (current != b.device) (void)cudaSetDevice(b.device);
+    DeviceGuard on_device(b.device, DeviceGuard::quiet);
     (void)cudaFree(b.ptr);
-    if (current != b.device && current >= 0) (void)cudaSetDevice(current);
     (void)cudaGetLastError();
   }
 
@@ -176,6 +248,7 @@ class CaptureRegistry {
     CaptureContext* context;
     CaptureOwner* owner;   // null for a conditional body
     int device;
+    CaptureRecord record;  // for the capture doctor
   };
 
   // The entry of sequence `seq`. Captures whose id is not known yet are asked first, and only
@@ -195,10 +268,15 @@ class CaptureRegistry {
     return found;
   }
 
+  // Removes the first entry that matches, keeping its record among the ended ones.
   template <class Pred>
   void erase_first(Pred pred) noexcept {
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       if (!pred(entries_[i])) continue;
+      CaptureRecord& ended = ended_[ended_count_++ % ended_kept];
+      ended = entries_[i].record;
+      ended.seq = entries_[i].seq;
+      ended.closed = CaptureEvidence::instance().mark();
       entries_[i] = entries_.back();
       entries_.pop_back();
       return;
@@ -208,6 +286,8 @@ class CaptureRegistry {
   std::vector<Entry> entries_;
   std::atomic<int> open_{0};
   std::vector<Buried> buried_;
+  std::array<CaptureRecord, ended_kept> ended_{};  // a ring: the last ended_kept that ended
+  std::size_t ended_count_ = 0;
 };
 
 }  // namespace tensorplay::detail
