@@ -6,6 +6,7 @@
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/pool_directory.hpp>
 #include <tensorplay/error.hpp>
+#include <tensorplay/stream.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cstddef>
@@ -44,6 +45,15 @@ class PoolId {
   std::uint64_t serial_ = 0;
 };
 
+//! What Pool::stats reports: the pool's own ledger (the executables' memory is the driver's:
+//! Graph::executable_bytes).
+struct PoolStats {
+  std::size_t reserved_bytes = 0;        //!< device memory the pool holds now (what reserved_bytes() says)
+  std::size_t allocated_bytes = 0;       //!< bytes of live allocations now (in 512-byte units)
+  std::size_t peak_allocated_bytes = 0;  //!< the most allocated_bytes has been since the pool was made (or reset_peak)
+  std::size_t segments = 0;              //!< separate device allocations behind reserved_bytes
+};
+
 //! A shared handle to one private pool of device memory. Copyable; empty when default-constructed.
 //!
 //! A pool hands its memory only to allocations made while a graph captures into it, caches
@@ -79,8 +89,56 @@ class Pool {
   [[nodiscard]] std::size_t reserved_bytes() const { return impl_ ? impl_->reserved_bytes() : 0; }
   //! Bytes handed to live allocations (rounded to the pool's 512-byte granularity).
   [[nodiscard]] std::size_t allocated_bytes() const { return impl_ ? impl_->allocated_bytes() : 0; }
+  //! The pool's ledger, exact and read at once: what it reserved from CUDA, what live
+  //! allocations hold, the most they held, and in how many device allocations. All zero for an
+  //! empty handle. Takes the pool's lock: for planning and diagnostics, not for a replay loop.
+  //!
+  //!     tensorplay::PoolStats s = graph.pool().stats();
+  //!     std::printf("%zu MiB reserved, peak %zu MiB used\n", s.reserved_bytes >> 20, s.peak_allocated_bytes >> 20);
+  [[nodiscard]] PoolStats stats() const {
+    if (!impl_) return {};
+    const detail::PoolCounters c = impl_->counters();
+    return {c.reserved_bytes, c.allocated_bytes, c.peak_allocated_bytes, c.segments};
+  }
+  //! Starts peak_allocated_bytes again from the bytes allocated now (to find one step's peak).
+  void reset_peak() noexcept {
+    if (impl_) impl_->reset_peak();
+  }
   //! Number of handles, graphs and tensors that keep this pool alive (diagnostics).
   [[nodiscard]] long use_count() const noexcept { return impl_.use_count(); }
+
+  // ---- sleep and wake (pools made with PoolOptions{.offloadable = true}) -------------------
+
+  //! After the work already queued on `stream` and the other pending uses the pool knows of
+  //! (record_use, tensors freed while eager work used them), copies every live block to pinned
+  //! host memory, then releases the pool's device memory. Every address stays reserved: tensors
+  //! keep their pointers, graphs their baked-in addresses. Returns once the memory is released.
+  //! Replays of the pool's graphs on other streams must be ordered before `stream` by the caller.
+  //!
+  //!     pool.offload(stream);    // sleep: the device memory goes back to CUDA
+  //!     pool.restore(stream);    // wake: same addresses, same bytes; graphs replay as before
+  //!
+  //! \throws usage_error for an empty handle, a pool that is not offloadable or is offloaded
+  //!         already, and while any capture is open. cuda_error when CUDA fails: its text says
+  //!         whether the pool stayed on the device or is offloaded, every byte intact either way.
+  void offload(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) {
+    require_impl("Pool::offload").offload(stream.get(), where);
+  }
+
+  //! Backs the pool's reserved addresses with device memory again and copies every block back,
+  //! in order on `stream`; returns once the copies are complete. Graphs of the pool replay
+  //! without capturing again.
+  //! \throws usage_error for an empty handle, a pool that is not offloaded, and while any capture
+  //!         is open. cuda_error when CUDA fails: the pool stays offloaded, and restore may be
+  //!         called again.
+  void restore(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) {
+    require_impl("Pool::restore").restore(stream.get(), where);
+  }
+
+  //! Whether the pool's blocks live in host memory now (offload succeeded, restore not yet).
+  //! While it is, replaying, staging into or capturing into a graph of the pool, and allocating
+  //! from it, throw usage_error.
+  [[nodiscard]] bool offloaded() const noexcept { return impl_ && impl_->offloaded(); }
 
   friend bool operator==(const Pool& a, const Pool& b) noexcept { return a.impl_ == b.impl_; }
   template <class OStream>
@@ -107,13 +165,36 @@ class Pool {
   explicit Pool(std::shared_ptr<detail::PoolImpl> impl) noexcept : impl_(std::move(impl)) {}
 
  private:
+  detail::PoolImpl& require_impl(const char* what) const {
+    if (!impl_) detail::throw_usage(std::string(what) + ": the Pool handle is empty");
+    return *impl_;
+  }
+
   std::shared_ptr<detail::PoolImpl> impl_;
+};
+
+//! How graph_pool_handle(PoolOptions) makes a pool.
+struct PoolOptions {
+  //! Device memory that Pool::offload can release and Pool::restore give back at the same
+  //! addresses (CUDA virtual memory management; see docs/guide.md, "Sleep and wake").
+  bool offloadable = false;
 };
 
 //! A new private pool on the current device, not yet used by any graph. Pass it to several
 //! graphs (GraphOptions::pool or CaptureOptions::pool) to let them share memory.
 [[nodiscard]] inline Pool graph_pool_handle(tensorplay::source_location where = tensorplay::source_location::current()) {
   return Pool(detail::PoolDirectory::instance().make_graph_pool(detail::current_device(where)));
+}
+
+//! graph_pool_handle() with options: `{.offloadable = true}` makes a pool whose device memory
+//! can be released and restored at the same addresses (Pool::offload, Pool::restore).
+//!
+//!     tensorplay::Pool pool = tensorplay::graph_pool_handle({.offloadable = true});
+//!     tensorplay::Graph graph({.pool = pool});
+//! \throws cuda_error when the device offers no virtual memory management.
+[[nodiscard]] inline Pool graph_pool_handle(PoolOptions options,
+                                            tensorplay::source_location where = tensorplay::source_location::current()) {
+  return Pool(detail::PoolDirectory::instance().make_graph_pool(detail::current_device(where), options.offloadable, where));
 }
 
 }  // namespace tensorplay

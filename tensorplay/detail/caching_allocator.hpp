@@ -28,6 +28,7 @@
 #include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/offload.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
@@ -40,6 +41,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -89,6 +91,14 @@ inline constexpr std::size_t mid_request = config::pool_mid_request;
 inline constexpr std::size_t mid_segment = config::pool_mid_segment;
 
 constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
+
+//! What PoolImpl::counters reads (Pool::stats gives it as PoolStats).
+struct PoolCounters {
+  std::size_t reserved_bytes = 0;
+  std::size_t allocated_bytes = 0;
+  std::size_t peak_allocated_bytes = 0;
+  std::size_t segments = 0;
+};
 
 //! The handle the pool keeps for a stream. Handle 0 names the legacy default stream, which is a
 //! stream like any other here (tensorplay's streams do not synchronise with it); null in a block
@@ -149,7 +159,8 @@ class PoolImpl {
       segments.push_back(head->ptr);
       for (Block* b = head; b != nullptr;) delete std::exchange(b, b->next);
     }
-    backend_->release(device_, segments);
+    if (offload_) offload_->segments().release(segments);  // an offloadable pool's own backend
+    else backend_->release(device_, segments);
   }
 
   [[nodiscard]] int device() const noexcept { return device_; }
@@ -158,11 +169,23 @@ class PoolImpl {
 
   [[nodiscard]] std::size_t reserved_bytes() const {
     std::lock_guard lock(mutex_);
-    return reserved_;
+    return offload_ ? offload_->segments().backed_bytes() : reserved_;  // offloaded: what it still holds
   }
   [[nodiscard]] std::size_t allocated_bytes() const {
     std::lock_guard lock(mutex_);
     return allocated_;
+  }
+
+  //! The pool's ledger in one read under the mutex (Pool::stats): reserved as reserved_bytes()
+  //! says, live bytes, their high-water mark, and the segments behind the reservation.
+  [[nodiscard]] PoolCounters counters() const {
+    std::lock_guard lock(mutex_);
+    return {offload_ ? offload_->segments().backed_bytes() : reserved_, allocated_, peak_allocated_, segments_.size()};
+  }
+  //! Starts the high-water mark again from the bytes allocated now.
+  void reset_peak() noexcept {
+    std::lock_guard lock(mutex_);
+    peak_allocated_ = allocated_;
   }
 
   //! A block of at least `bytes` for use on `stream`, within capture sequence `seq` (0: eager).
@@ -170,6 +193,8 @@ class PoolImpl {
     stream = pool_stream_key(stream);
     const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), round_bytes);
     std::lock_guard lock(mutex_);
+    if (offloaded_.load(std::memory_order_relaxed)) [[unlikely]]
+      throw_offloaded("an allocation");
     if (!pending_.empty()) poll_pending();
     Block* block = take_free(stream, seq, size);
     if (block == nullptr) block = new_segment(size, where);
@@ -181,6 +206,7 @@ class PoolImpl {
     block->seq = seq;
     block->uses.clear();
     allocated_ += block->size;
+    peak_allocated_ = std::max(peak_allocated_, allocated_);
     return block;
   }
 
@@ -313,7 +339,10 @@ class PoolImpl {
         return true;
       });
     }
-    if (!released.empty()) backend_->release(device_, released);
+    if (!released.empty()) {
+      if (offload_) offload_->segments().release(released);
+      else backend_->release(device_, released);
+    }
     return bytes;
   }
 
@@ -332,12 +361,54 @@ class PoolImpl {
     return free_.size();
   }
 
+  // ---- sleep and wake (offloadable pools: offload.hpp) ------------------------------------
+
+  //! Makes the pool offloadable: its segments come from `state` (reserved address ranges). Called
+  //! once, before the pool is shared or has a segment.
+  void make_offloadable(std::unique_ptr<OffloadState> state) noexcept { offload_ = std::move(state); }
+  [[nodiscard]] bool offloadable() const noexcept { return offload_ != nullptr; }
+
+  //! Whether the pool's blocks are in host memory now. One relaxed load, for replay's check.
+  [[nodiscard]] bool offloaded() const noexcept { return offloaded_.load(std::memory_order_relaxed); }
+
+  //! \throws usage_error naming the pool when it is offloaded; `what` names the refused call.
+  void require_resident(const char* what) const {
+    if (offloaded()) [[unlikely]]
+      throw_offloaded(what);
+  }
+
+  //! Pool::offload: after the work queued on `stream` and the pool's tracked uses, copies every
+  //! live block to host memory and releases the device memory; the addresses stay reserved.
+  void offload(cudaStream_t stream, const tensorplay::source_location& where) {
+    std::lock_guard lock(mutex_);
+    check_can_change_residence("Pool::offload", stream);
+    if (offloaded()) throw_usage("Pool::offload: " + name() + " is offloaded already; Pool::restore it first");
+    if (!pending_.empty()) poll_pending();
+    std::vector<HostRun> runs;
+    PendingWork work;
+    collect_live(runs, work);
+    DeviceGuard on_device(device_, where);
+    FollowResidence follow{*this};
+    offload_->offload(std::move(runs), work, stream, name(), where);
+  }
+
+  //! Pool::restore: backs the reserved addresses with device memory again and copies every block back.
+  void restore(cudaStream_t stream, const tensorplay::source_location& where) {
+    std::lock_guard lock(mutex_);
+    check_can_change_residence("Pool::restore", stream);
+    if (!offloaded()) throw_usage("Pool::restore: " + name() + " is not offloaded (restore follows Pool::offload)");
+    DeviceGuard on_device(device_, where);
+    FollowResidence follow{*this};
+    offload_->restore(stream, name(), where);
+  }
+
   // ---- capture bookkeeping (graph pools) ------------------------------------------------
 
   //! Marks the start of a capture into this pool. One capture at a time per pool.
   [[nodiscard]] bool try_begin_capture(CaptureSeq seq) {
     std::lock_guard lock(mutex_);
     if (!capture_seqs_.empty()) return false;
+    if (offloaded_.load(std::memory_order_relaxed)) return false;  // callers check require_resident first, for the message
     capture_seqs_.push_back(seq);
     return true;
   }
@@ -374,6 +445,73 @@ class PoolImpl {
 
  private:
   static std::uintptr_t bits(const void* p) noexcept { return reinterpret_cast<std::uintptr_t>(p); }
+
+  // ---- sleep and wake internals -----------------------------------------------------------
+
+  [[nodiscard]] std::string name() const { return "pool #" + std::to_string(serial_) + " (device " + std::to_string(device_) + ")"; }
+
+  [[noreturn]] void throw_offloaded(const char* what) const {
+    throw_usage(std::string(what) + " refused: " + name() +
+                " is offloaded (Pool::offload released its device memory); call Pool::restore first");
+  }
+
+  // Mutex held. Mapping and unmapping synchronise like cudaFree: not while anything captures.
+  void check_can_change_residence(const char* what, cudaStream_t stream) const {
+    if (!offload_)
+      throw_usage(std::string(what) + ": " + name() +
+                  " is not offloadable; make it with graph_pool_handle({.offloadable = true})");
+    if (!capture_seqs_.empty())
+      throw_usage(std::string(what) + ": a capture into " + name() + " is open; end it first");
+    if (CaptureRegistry::instance().any_open() || is_capturing_or_false(stream))
+      throw_usage(std::string(what) + ": a capture is open; mapping and releasing device memory synchronises the "
+                  "device like cudaFree, which would break it: call this between captures");
+    if (const int on = stream_device_or_none(stream); on >= 0 && on != device_)
+      throw_usage(std::string(what) + ": the stream belongs to device " + std::to_string(on) + ", " + name() +
+                  " to device " + std::to_string(device_));
+  }
+
+  // Keeps offloaded_ equal to where the blocks are, however offload or restore ends.
+  struct FollowResidence {
+    PoolImpl& pool;
+    ~FollowResidence() { pool.offloaded_.store(pool.offload_->on_host(), std::memory_order_relaxed); }
+  };
+
+  // Mutex held. The live blocks as runs of adjacent live bytes, and what may still use them:
+  // the streams that allocated or used them (record_use), the events of uses on streams that no
+  // longer exist, and the events of blocks freed while eager work may still touch them.
+  void collect_live(std::vector<HostRun>& runs, PendingWork& work) const {
+    auto add_stream = [&](cudaStream_t s) {
+      if (s != nullptr && std::find(work.streams.begin(), work.streams.end(), s) == work.streams.end()) work.streams.push_back(s);
+    };
+    for (const Block* head : segments_) {
+      const std::size_t first = runs.size();  // runs never span two segments (two allocations)
+      for (const Block* b = head; b != nullptr; b = b->next) {
+        if (b->state != Block::State::Allocated) continue;
+        if (runs.size() > first && runs.back().device + runs.back().bytes == b->ptr) runs.back().bytes += b->size;
+        else runs.push_back({b->ptr, b->size, 0});
+        add_stream(b->stream);
+        for (cudaStream_t s : b->uses) add_stream(s);
+        for (const auto& marker : b->ended) work.events.push_back(marker->event);
+      }
+    }
+    for (const Block* b : pending_) {
+      for (const PendingUse& use : b->pending) {
+        if (use.ended) work.events.push_back(use.ended->event);
+        else if (use.event != nullptr) work.events.push_back(use.event);
+        else add_stream(use.stream);
+      }
+    }
+  }
+
+  // Mutex held, on the pool's device: a new segment from the reserved address ranges.
+  void allocate_offloadable(void** ptr, std::size_t bytes, const tensorplay::source_location& where) {
+    VmmStatus status = offload_->segments().allocate(ptr, bytes);
+    if (status.status == cudaErrorMemoryAllocation) {
+      CaptureRegistry::instance().drain();  // memory waiting for a capture to end may be free now
+      status = offload_->segments().allocate(ptr, bytes);
+    }
+    check(status.status, status.call, where);
+  }
 
   struct FreeOrder {
     static auto key(const Block* b) noexcept {
@@ -413,14 +551,18 @@ class PoolImpl {
     void* ptr = nullptr;
     {
       std::optional<DeviceGuard> guard;
-      if (backend_ == &cuda_backend) guard.emplace(device_, where);
-      cudaError_t status = backend_->allocate(&ptr, bytes);
-      if (status == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        CaptureRegistry::instance().drain();  // memory waiting for a capture to end may be free now
-        status = backend_->allocate(&ptr, bytes);
+      if (backend_ == &cuda_backend || offload_) guard.emplace(device_, where);
+      if (offload_) {
+        allocate_offloadable(&ptr, bytes, where);
+      } else {
+        cudaError_t status = backend_->allocate(&ptr, bytes);
+        if (status == cudaErrorMemoryAllocation) {
+          (void)cudaGetLastError();
+          CaptureRegistry::instance().drain();  // memory waiting for a capture to end may be free now
+          status = backend_->allocate(&ptr, bytes);
+        }
+        check(status, "cudaMalloc (tensorplay pool segment)", where);
       }
-      check(status, "cudaMalloc (tensorplay pool segment)", where);
     }
     auto* head = new Block;
     head->ptr = static_cast<char*>(ptr);
@@ -523,7 +665,7 @@ class PoolImpl {
     RelaxedCaptureMode relaxed;
     // On the pool's device: an event records only on streams of its own device, and a pool of
     // another device than the current one would otherwise keep its blocks pending for good.
-    QuietDeviceGuard on_pool_device(device_);
+    DeviceGuard on_pool_device(device_, DeviceGuard::quiet);
     if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
       (void)cudaGetLastError();
       return nullptr;
@@ -538,7 +680,7 @@ class PoolImpl {
     if (use.stream == nullptr) return false;  // retired without a marker: never completes
     // The legacy and per-thread default streams are the current device's: the pool's, here.
     const bool default_stream = use.stream == cudaStreamLegacy || use.stream == cudaStreamPerThread;
-    QuietDeviceGuard on_pool_device(default_stream ? device_ : -1);
+    DeviceGuard on_pool_device(default_stream ? device_ : -1, DeviceGuard::quiet);
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(use.stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) {
       (void)cudaGetLastError();
@@ -600,6 +742,11 @@ class PoolImpl {
   std::vector<CaptureSeq> capture_seqs_;  // the open capture's sequences: main first, then open bodies
   std::size_t reserved_ = 0;
   std::size_t allocated_ = 0;
+  std::size_t peak_allocated_ = 0;  // the most allocated_ has been (since reset_peak)
+  // Offloadable pools only: their segments and host copy (offload.hpp); offloaded_ is read without
+  // the mutex by replay's check (require_resident), written with it held.
+  std::unique_ptr<OffloadState> offload_;
+  std::atomic<bool> offloaded_{false};
 };
 
 }  // namespace tensorplay::detail
