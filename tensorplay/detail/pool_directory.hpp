@@ -33,13 +33,20 @@ class PoolDirectory {
     return *directory;
   }
 
-  std::shared_ptr<PoolImpl> make_graph_pool(int device) {
+  //! A new graph pool of `device`; `offloadable`: its segments come from reserved address ranges
+  //! that Pool::offload / Pool::restore can release and back again (offload.hpp).
+  //! \throws cuda_error when an offloadable pool cannot be had (no virtual memory management).
+  std::shared_ptr<PoolImpl> make_graph_pool(int device, bool offloadable = false,
+                                            const tensorplay::source_location& where = tensorplay::source_location::current()) {
+    std::unique_ptr<OffloadState> offload;
+    if (offloadable) offload = std::make_unique<OffloadState>(device, where);  // before any pool exists: a throw leaves none
     std::lock_guard lock(mutex_);
     const std::uint64_t serial = ++last_serial_;
     std::shared_ptr<PoolImpl> pool(new PoolImpl(device, serial, PoolImpl::Kind::Graph), [](PoolImpl* p) {
       PoolDirectory::instance().forget(p->serial());
       delete p;
     });
+    if (offload) pool->make_offloadable(std::move(offload));
     live_.emplace_back(serial, pool);
     return pool;
   }
@@ -54,15 +61,16 @@ class PoolDirectory {
   //! free into it during exit); at exit its unused memory goes back to CUDA, while the
   //! runtime is still loaded: the handler is registered after the runtime's own.
   const std::shared_ptr<PoolImpl>& default_pool(int device) {
-    std::shared_ptr<PoolImpl>& slot = defaults_[device];
-    if (!ready_[device].load(std::memory_order_acquire)) {
+    const auto index = static_cast<std::size_t>(device);
+    std::shared_ptr<PoolImpl>& slot = defaults_[index];
+    if (!ready_[index].load(std::memory_order_acquire)) {
       std::lock_guard lock(mutex_);
-      if (!ready_[device].load(std::memory_order_relaxed)) {
+      if (!ready_[index].load(std::memory_order_relaxed)) {
         const std::uint64_t serial = ++last_serial_;
         slot = std::shared_ptr<PoolImpl>(new PoolImpl(device, serial, PoolImpl::Kind::Default));
         live_.emplace_back(serial, slot);
         if (!exit_handler_) exit_handler_ = std::atexit([] { PoolDirectory::instance().release_unused_default_memory(); }) == 0;
-        ready_[device].store(true, std::memory_order_release);
+        ready_[index].store(true, std::memory_order_release);
       }
     }
     return slot;
@@ -81,7 +89,7 @@ class PoolDirectory {
       if (is_capturing_or_false(stream)) return nullptr;  // an event recorded now would be captured
       auto marker = std::make_shared<StreamEndMarker>();
       RelaxedCaptureMode relaxed;  // creating and recording an event must not disturb a capture elsewhere
-      QuietDeviceGuard on_stream_device(stream_device_or_none(stream));  // events record on their own device's streams
+      DeviceGuard on_stream_device(stream_device_or_none(stream), DeviceGuard::quiet);  // events record on their own device's streams
       if (cudaEventCreateWithFlags(&marker->event, cudaEventDisableTiming) != cudaSuccess ||
           event_record(marker->event, stream) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -96,7 +104,7 @@ class PoolDirectory {
   std::size_t release_unused_default_memory() noexcept {
     if (CaptureRegistry::instance().any_open()) return 0;  // cudaFree would break the capture
     std::size_t bytes = 0;
-    for (int device = 0; device < max_devices; ++device)
+    for (std::size_t device = 0; device < defaults_.size(); ++device)
       if (ready_[device].load(std::memory_order_acquire)) bytes += defaults_[device]->release_unused_segments();
     return bytes;
   }
