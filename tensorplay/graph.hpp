@@ -37,5 +37,6 @@
 #include <tensorplay/graph/options.hpp>
 #include <tensorplay/graph/piecewise.hpp>
 #include <tensorplay/pool.hpp>
+#include <tensorplay/random.hpp>
 #include <tensorplay/stream.hpp>
 #include <tensorplay/tensor.hpp>

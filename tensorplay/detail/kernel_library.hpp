@@ -4,6 +4,7 @@
 // compiled once, by tools/kernels/regenerate, into the fatbin of kernels/fatbin.hpp, and loaded
 // with cudaLibraryLoadData on first use. Translation units compiled by g++ or clang++ therefore
 // capture conditional nodes and stage inputs exactly as nvcc-compiled ones do: one code path.
+// RandomState's advance and reset kernels (random.hpp) live there too, for the same reason.
 #pragma once
 
 #include <tensorplay/config.hpp>
@@ -57,7 +58,7 @@ class KernelLibrary {
   }
 
   //! Whether the library is loaded and ready on `device` (on() has succeeded for it).
-  TENSORPLAY_PROCESS_WIDE static bool ready_on(int device) noexcept { return ready_flags()[device].load(std::memory_order_acquire); }
+  TENSORPLAY_PROCESS_WIDE static bool ready_on(int device) noexcept { return ready_flags()[static_cast<std::size_t>(device)].load(std::memory_order_acquire); }
 
   //! The set-handle kernel for a value of type V (bool, or an integral switch index).
   template <class V>
@@ -65,12 +66,15 @@ class KernelLibrary {
     return set_handle_[set_handle_index<V>()];
   }
   //! The copy kernel whose table holds `1 << log2_capacity` entries.
-  [[nodiscard]] cudaKernel_t copy(int log2_capacity) const noexcept { return copy_[log2_capacity]; }
+  [[nodiscard]] cudaKernel_t copy(int log2_capacity) const noexcept { return copy_[static_cast<std::size_t>(log2_capacity)]; }
   //! The copy node's kernel, whose plan holds `1 << log2_capacity` entries (sources from the ring).
-  [[nodiscard]] cudaKernel_t ring_copy(int log2_capacity) const noexcept { return ring_copy_[log2_capacity]; }
+  [[nodiscard]] cudaKernel_t ring_copy(int log2_capacity) const noexcept { return ring_copy_[static_cast<std::size_t>(log2_capacity)]; }
   //! The fetch node's kernel (takes a call's sources from the staging ring).
   [[nodiscard]] cudaKernel_t ring_fetch() const noexcept { return ring_fetch_; }
   [[nodiscard]] cudaKernel_t gather() const noexcept { return gather_; }
+  //! RandomState's kernels: take offsets for the launches that follow, and reseed.
+  [[nodiscard]] cudaKernel_t random_advance() const noexcept { return random_advance_; }
+  [[nodiscard]] cudaKernel_t random_reset() const noexcept { return random_reset_; }
 
   template <class V>
   static constexpr int set_handle_index() noexcept {
@@ -95,12 +99,14 @@ class KernelLibrary {
     TENSORPLAY_CHECK(cudaLibraryLoadData(&library_, image_.get(), nullptr, nullptr, 0, nullptr, nullptr, 0), where);
     for (std::size_t i = 0; i < set_handle_.size(); ++i)
       load(set_handle_[i], kernels::set_handle_kernel_names[i], where);
-    for (int i = 0; i < kernels::copy_capacity_count; ++i) {
+    for (std::size_t i = 0; i < copy_.size(); ++i) {
       load(copy_[i], kernels::copy_kernel_names[i], where);
       load(ring_copy_[i], kernels::ring_copy_kernel_names[i], where);
     }
     load(ring_fetch_, kernels::ring_fetch_kernel_name, where);
     load(gather_, kernels::gather_kernel_name, where);
+    load(random_advance_, kernels::random_advance_kernel_name, where);
+    load(random_reset_, kernels::random_reset_kernel_name, where);
   }
 
   void load(cudaKernel_t& kernel, const char* name, const tensorplay::source_location& where) const {
@@ -109,10 +115,10 @@ class KernelLibrary {
 
   // Loads the module on `device` once: asking a kernel's attributes there makes the driver load it.
   void prepare(int device, const tensorplay::source_location& where) const {
-    if (ready_flags()[device].load(std::memory_order_acquire)) [[likely]]
+    if (ready_flags()[static_cast<std::size_t>(device)].load(std::memory_order_acquire)) [[likely]]
       return;
     std::lock_guard lock(mutex_);
-    if (ready_flags()[device].load(std::memory_order_relaxed)) return;
+    if (ready_flags()[static_cast<std::size_t>(device)].load(std::memory_order_relaxed)) return;
     DeviceGuard guard(device, where);
     RelaxedCaptureMode relaxed;
     cudaFuncAttributes attributes{};
@@ -121,7 +127,9 @@ class KernelLibrary {
     for (cudaKernel_t k : ring_copy_) TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(k)), where);
     TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(ring_fetch_)), where);
     TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(gather_)), where);
-    ready_flags()[device].store(true, std::memory_order_release);
+    TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(random_advance_)), where);
+    TENSORPLAY_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(random_reset_)), where);
+    ready_flags()[static_cast<std::size_t>(device)].store(true, std::memory_order_release);
   }
 
   std::unique_ptr<std::uint64_t[]> image_;
@@ -131,6 +139,8 @@ class KernelLibrary {
   std::array<cudaKernel_t, kernels::copy_capacity_count> ring_copy_{};
   cudaKernel_t ring_fetch_ = nullptr;
   cudaKernel_t gather_ = nullptr;
+  cudaKernel_t random_advance_ = nullptr;
+  cudaKernel_t random_reset_ = nullptr;
   mutable std::mutex mutex_;
   // Per device: loaded there. Apart from the library itself, so that ready_on() never loads it.
   TENSORPLAY_PROCESS_WIDE static std::array<std::atomic<bool>, config::max_devices>& ready_flags() noexcept {

@@ -97,6 +97,20 @@ enum class ElementCode : int {
   Bool, Int8, UInt8, Int16, UInt16, Int32, UInt32, Int64, UInt64, Float16, BFloat16, Float32, Float64, Bytes
 };
 
+//! A RandomState's sequence in device memory (random.hpp): its seed, and the first offset no
+//! launch has taken yet. Only the advance and reset kernels write it.
+struct RandomCounter {
+  unsigned long long seed;
+  unsigned long long offset;
+};
+
+//! What one advance took for the launches it serves (a segment of a capture, or one eager
+//! launch): the seed and the first of their offsets, written before those launches read it.
+struct RandomSlot {
+  unsigned long long seed;
+  unsigned long long base;
+};
+
 //! The names of the kernels in the embedded fatbin (extern "C", so that no mangling is involved).
 inline constexpr const char* set_handle_kernel_names[] = {
     "tensorplay_set_handle_b8",  "tensorplay_set_handle_i8",  "tensorplay_set_handle_u8",
@@ -110,5 +124,7 @@ inline constexpr const char* ring_copy_kernel_names[copy_capacity_count] = {
     "tensorplay_ring_copy_16", "tensorplay_ring_copy_32", "tensorplay_ring_copy_64"};
 inline constexpr const char* ring_fetch_kernel_name = "tensorplay_ring_fetch";
 inline constexpr const char* gather_kernel_name = "tensorplay_gather_convert";
+inline constexpr const char* random_advance_kernel_name = "tensorplay_random_advance";
+inline constexpr const char* random_reset_kernel_name = "tensorplay_random_reset";
 
 }  // namespace tensorplay::detail::kernels

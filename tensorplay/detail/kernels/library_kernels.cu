@@ -1,7 +1,7 @@
 // tensorplay/detail/kernels/library_kernels.cu: the library's own kernels. Not compiled into user
 // code: tools/kernels/regenerate compiles this file into a fatbin embedded in fatbin.hpp, which
 // the library loads with cudaLibraryLoadData, so that host-only (g++/clang++) translation units
-// can capture conditional nodes and stage inputs too.
+// can capture conditional nodes, stage inputs and draw random numbers too.
 #include <tensorplay/detail/kernels/handle_value.cuh>
 #include <tensorplay/detail/kernels/kernel_abi.hpp>
 
@@ -287,4 +287,19 @@ extern "C" __global__ void tensorplay_gather_convert(const void* src, int from, 
       store_from(dst, to_code, i, load_as<double>(src, from_code, at));
     }
   }
+}
+
+// ---- random numbers (random.hpp) -----------------------------------------------------------
+
+//! Takes `increment` offsets of `counter`'s sequence for the launches `slot` serves. One thread.
+//! Atomic, so that advances running at once (graphs replayed on two streams) take disjoint ranges.
+extern "C" __global__ void tensorplay_random_advance(RandomCounter* counter, RandomSlot* slot, unsigned long long increment) {
+  slot->seed = counter->seed;
+  slot->base = atomicAdd(&counter->offset, increment);
+}
+
+//! set_seed: a new seed, and the sequence starts again at offset 0. One thread.
+extern "C" __global__ void tensorplay_random_reset(RandomCounter* counter, unsigned long long seed) {
+  counter->seed = seed;
+  counter->offset = 0;
 }
