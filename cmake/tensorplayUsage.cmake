@@ -67,3 +67,45 @@ function(tensorplay_add_nccl_target found_var)
     set(${found_var} FALSE PARENT_SCOPE)
   endif()
 endfunction()
+
+# The run-time path of the CUDA libraries for the executables and shared libraries that link
+# `target`. CMake leaves the CUDA toolkit's library folder out of the rpath, because nvcc links
+# from it implicitly, so a program linking CUDA::cublas (or CUDA::cudart, ...) would need
+# LD_LIBRARY_PATH. This adds that folder, and the folder of each shared library FindCUDAToolkit
+# found or was pointed at (CUDA_cublas_LIBRARY=.../nvidia/cu13/lib/libcublas.so.13 for the
+# pip-installed wheel PyTorch uses), each as found and as its real path.
+# TENSORPLAY_CUDA_RPATH=OFF leaves the run-time path to the consumer. BUILD_INTERFACE: as for
+# tensorplay_require_cxx20 (the installed config decides again, with the consumer's toolkit).
+option(TENSORPLAY_CUDA_RPATH "Put the CUDA libraries' folders on the run-time path of what links tensorplay::tensorplay" ON)
+function(tensorplay_add_cuda_rpath target)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "BUILD_INTERFACE" "" "")
+  if(NOT TENSORPLAY_CUDA_RPATH)
+    return()
+  endif()
+  set(files)
+  foreach(lib IN ITEMS cudart cublas cublasLt cufft curand cusolver cusparse nvJitLink nvrtc)
+    if(CUDA_${lib}_LIBRARY MATCHES "\\.so(\\.[0-9]+)*$")
+      list(APPEND files "${CUDA_${lib}_LIBRARY}")
+    endif()
+  endforeach()
+  set(dirs)
+  if(CUDAToolkit_LIBRARY_DIR)
+    list(APPEND dirs "${CUDAToolkit_LIBRARY_DIR}")
+  endif()
+  foreach(file IN LISTS files)
+    get_filename_component(dir "${file}" DIRECTORY)
+    file(REAL_PATH "${file}" real)
+    get_filename_component(real_dir "${real}" DIRECTORY)
+    list(APPEND dirs "${dir}" "${real_dir}")
+  endforeach()
+  list(REMOVE_DUPLICATES dirs)
+  if(NOT dirs)
+    return()
+  endif()
+  list(JOIN dirs ":" path)
+  set(option "LINKER:-rpath,${path}")
+  if(arg_BUILD_INTERFACE)
+    set(option "$<BUILD_INTERFACE:${option}>")
+  endif()
+  target_link_options(${target} INTERFACE "${option}")
+endfunction()

@@ -29,8 +29,8 @@ struct ThreadStreams {
 
   //! Makes `stream` current on `device` until pop(device, stream).
   void push(int device, cudaStream_t stream) {
-    overrides.push_back({device, stream, current[device]});
-    current[device] = stream;
+    overrides.push_back({device, stream, current[static_cast<std::size_t>(device)]});
+    current[static_cast<std::size_t>(device)] = stream;
   }
 
   //! Undoes push(device, stream), also when the pushes are not undone in reverse order (two
@@ -47,7 +47,7 @@ struct ThreadStreams {
         covered = true;
         break;
       }
-      if (!covered) current[device] = o.previous;
+      if (!covered) current[static_cast<std::size_t>(device)] = o.previous;
       overrides.erase(overrides.begin() + static_cast<std::ptrdiff_t>(i));
       return;
     }
@@ -65,12 +65,12 @@ TENSORPLAY_PROCESS_WIDE inline ThreadStreams& thread_streams() noexcept {
   return streams;
 }
 
-inline void set_current_stream(int device, cudaStream_t stream) noexcept { thread_streams().current[device] = stream; }
+inline void set_current_stream(int device, cudaStream_t stream) noexcept { thread_streams().current[static_cast<std::size_t>(device)] = stream; }
 
 //! This thread's side stream on `device`: where captures go when the current stream is the
 //! legacy default stream, which cannot be captured.
 inline cudaStream_t side_stream(int device, const tensorplay::source_location& where) {
-  OwnedStream& slot = thread_streams().side[device];
+  OwnedStream& slot = thread_streams().side[static_cast<std::size_t>(device)];
   if (slot.get() == nullptr) {
     DeviceGuard guard(device, where);
     RelaxedCaptureMode relaxed;  // creating a stream must not disturb a capture on another stream

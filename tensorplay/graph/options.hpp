@@ -57,12 +57,14 @@ struct GraphOptions {
 };
 
 //! Per-capture overrides of a Graph's settings.
+//! Every member has a default member initialiser, so that `{.stream = s}` leaves the others out
+//! without a -Wmissing-field-initializers warning.
 struct CaptureOptions {
-  std::optional<Pool> pool;
-  std::optional<CaptureErrorMode> capture_error_mode;
+  std::optional<Pool> pool = std::nullopt;
+  std::optional<CaptureErrorMode> capture_error_mode = std::nullopt;
   //! Default: the current stream, or this thread's side stream when that is the legacy
   //! default stream (which cannot be captured).
-  std::optional<StreamRef> stream;
+  std::optional<StreamRef> stream = std::nullopt;
 };
 
 //! What Graph::update did.
@@ -80,7 +82,7 @@ struct UpdateResult {
   //! cudaGraphExecUpdateSuccess when updated in place; otherwise CUDA's reason.
   cudaGraphExecUpdateResult reason = cudaGraphExecUpdateSuccess;
   //! The type of the node CUDA refused, when it names one.
-  std::optional<cudaGraphNodeType> error_node;
+  std::optional<cudaGraphNodeType> error_node = std::nullopt;
 };
 
 //! What debug_dump writes, besides the graph's structure (cudaGraphDebugDotFlags).
