@@ -1,14 +1,23 @@
 // test/model_host.hpp: the host side of test/model_test.cu: a random generator of operations on
-// the public API and a host model that predicts, for each of them, every buffer's value and
-// whether (and with which type) the call throws. No CUDA and no tensorplay here, so the model
-// runs, and is checked, on a machine without a GPU.
+// the public API and a host model that predicts, for each of them, every buffer's value, every
+// pool's allocated bytes, which retained objects are alive, and whether (and with which type) the
+// call throws. No CUDA and no tensorplay here, so the model runs, and is checked, on a machine
+// without a GPU.
 //
 // The world: 16 buffer slots (DeviceTensor<int>, sizes 64 or 700), 8 graph slots, 4 stream slots
 // (plus the legacy default stream), 3 shared pools, 3 bool flags and 3 int counters (one-element
-// device tensors that conditional nodes read). A buffer's value is an affine sequence
+// device tensors that conditional nodes read), 2 GraphBuckets slots (each with its own static
+// input and output buffer) and 2 PiecewiseGraph slots. A buffer's value is an affine sequence
 // v[i] = base + i * stride (mod 2^32), closed under the kernels used (v = a * w + b), so the model
 // is exact. A value can also be unknown: memory a capture allocated is never initialised, and
-// pool memory may be overwritten by graphs captured earlier into the same pool (see Round).
+// pool memory may be overwritten by graphs captured earlier into the same pool (see clobber()).
+// The buckets' buffers are written in prefixes (a run writes the rows of its bucket), so the
+// model keeps their elements one by one.
+//
+// Graphs change (update), replay into other captures (a Nested statement: the outer graph gets
+// a copy of the inner graph's program, its pool and its retained objects), and retain objects
+// whose lifetime the model follows through bundles: each Graph has one bundle (until reset), the
+// graph keeps it, and so does every outer graph it was replayed into.
 //
 // The ordering rule (what keeps the model exact): work on different streams is unordered, so
 // before an operation issues work on stream S that touches a resource (a buffer, a flag, a
@@ -45,6 +54,12 @@ inline constexpr std::array<std::size_t, 2> buffer_sizes = {64, 700};
 inline constexpr int max_depth = 3;      // conditional nesting
 inline constexpr int max_count = 3;      // counters stay in [-1, max_count]: while loops run at most 3 times
 inline constexpr int max_statements = 12;
+inline constexpr int bucket_slots = 2;
+inline constexpr int piece_slots = 2;
+inline constexpr int default_pool = -1;  // the model pool id of the device's default pool
+
+//! Bytes a pool counts for a live tensor of n ints (Pool::allocated_bytes rounds to 512).
+inline std::size_t pool_bytes(std::size_t n) { return (n * 4 + 511) / 512 * 512; }
 
 // Stream uids that no slot holds.
 inline constexpr int legacy_uid = 1;
@@ -104,10 +119,13 @@ enum class StmtKind : std::uint8_t {
   Switch,          // bodies[counter[index]] when in range, else nothing
   BadPredicate,    // if_ with a two-element predicate: usage_error, the capture goes on
   EndWithoutBody,  // end_capture_to_conditional_node at the top level: usage_error, the capture goes on
+  Nested,          // graph slot `index` replayed into this capture (a child graph: bodies[0] is its program
+                   // then, `inner_pool`/`inner_seq` its pool and capture); flag 1: refused with usage_error
+                   // (it holds conditional nodes, or nothing); form 0: replay(stream), 1: replay()
   Throw,           // the body throws a user exception (always the last statement)
   Forbidden,       // index 0: cudaStreamSynchronize(capture stream); 1: cudaDeviceSynchronize (always the last)
 };
-inline constexpr int stmt_kind_count = 15;
+inline constexpr int stmt_kind_count = 16;
 
 //! How a conditional body is written: if_(p, [](StreamRef){}), if_(p, []{}), begin_capture_to_if_node
 //! ... end_capture_to_conditional_node, or an IfScope / WhileScope.
@@ -128,6 +146,9 @@ struct Stmt {
   BodyForm form{};
   PredForm pred{};
   bool on_current_stream = false;  // Alloc / Temp: DeviceTensor(n) instead of DeviceTensor(n, stream)
+  int inner_pool = -1;             // Nested: the inner graph's pool and capture sequence (its temporaries)
+  long inner_seq = 0;
+  int bundle = 0;                  // Nested: the inner graph's bundle (what the outer graph keeps alive)
   std::vector<std::vector<Stmt>> bodies;
 };
 using Block = std::vector<Stmt>;
@@ -138,9 +159,20 @@ enum class OpKind : std::uint8_t {
   NewStream, DestroyStream, MoveStream, SyncStream,
   NewBuffer, DestroyBuffer, MoveBuffer, EagerFill, EagerAffine, HostWrite, SetFlag, SetCounter,
   NewGraph, DestroyGraph, MoveGraph, ResetGraph,
-  Capture, Round, ReplayEmpty, StageMisuse, SimpleMisuse, DebugDump, PoolChecks, DropPool, Check, Quiesce,
+  Capture, Round, ReplayEmpty, StageMisuse, SimpleMisuse, DebugDump, PoolChecks, DropPool, Check,
+  Update,         // graph.update(body, options) of slot cap.slot; update_outcome: what UpdateResult must say
+  Retain,         // graph a retains object x: sub 0 a shared_ptr, 1 a move-only object
+  BucketNew,      // GraphBuckets slot a made anew (its buffers too) with `bucket`; constructed on `stream`
+  BucketRun,      // slot a: sub 0 run(n, stream), 1 staged run (input b: 0 device, 1 host, values {x, y}),
+                  // 2 capture_all(stream), 3 staged run with an input of a wrong size; z 1: the body throws
+  BucketDestroy,  // slot a: sub 0 the GraphBuckets only (its runs may still run), 1 its buffers too
+  PieceNew,       // PiecewiseGraph slot a made anew; x: GraphOptions::pool (shared index, -1 none)
+  PieceAppend,    // slot a: sub 0 capture(cap) (a segment), 1 eager(step cap.program) (b 1: step())
+  PieceReplay,    // slot a: replay(stream)
+  PieceDestroy,   // slot a
+  Quiesce,
 };
-inline constexpr int op_kind_count = 26;
+inline constexpr int op_kind_count = 35;
 
 enum class Outcome : std::uint8_t { Ok, Usage, Cuda, User };
 
@@ -188,6 +220,20 @@ struct ReplayItem {
   std::vector<StagePair> pairs;
 };
 
+//! How a GraphBuckets slot is made: the ladder, BucketOptions, and its body, which for a bucket of
+//! `size` rows of k elements writes t = a1 * x + b1 into a temporary, then y = a2 * t + b2, over
+//! the first k * size elements of its buffers x and y (each of k * (largest + 2) elements).
+struct BucketSpec {
+  std::vector<std::size_t> ladder;
+  std::size_t k = 1;
+  bool lazy = true, share = false, zero_fill = false, overflow_throw = false;
+  std::size_t max_exec = 0;
+  int pool = -1;  // BucketOptions::pool: shared index, -1 none
+  u32 a1 = 0, b1 = 0, a2 = 0, b2 = 0;
+  u32 x0 = 0, xs = 0, y0 = 0, ys = 0;  // the buffers' first contents
+  [[nodiscard]] std::size_t capacity() const { return k * (ladder.back() + 2); }
+};
+
 struct Op {
   OpKind kind{};
   int sub = 0;
@@ -203,6 +249,8 @@ struct Op {
   std::vector<std::pair<int, int>> pool_expectations;  // PoolChecks: (graph slot, shared index)
   std::vector<int> syncs;  // stream slots to synchronise first; -1: the device
   Outcome expect = Outcome::Ok;
+  int update_outcome = 0;  // Update: 0 either, 1 Updated, 2 Reinstantiated (when the model knows)
+  BucketSpec bucket;       // BucketNew
 };
 
 // ---- the model's state -------------------------------------------------------------------------
@@ -223,11 +271,53 @@ struct GraphM {
   int opt_mode = 0;
   bool captured = false;
   long seq = 0;   // capture sequence number
-  int pool = -1;  // model pool id of the capture
+  int pool = -1;  // model pool id of the capture (its temporaries live there)
+  int gpool = -1; // the pool Graph::pool() returns without making one: GraphOptions::pool, or the pool
+                  // of the last capture that had or made one; -1: none yet (pool() would make one)
+  int bundle = 0;    // its keep-alive bundle (retained objects), new at construction and reset()
+  int instance = 0;  // its captured graphs and executables (they keep bundles of nested graphs)
+  int stage_state = 0;  // 1 staged, 2 then replayed, 3 then updated in place: the next staged call must copy
   bool conditional = false;
   Block program;
   std::vector<int> buffers;  // uids of the buffers the program uses (all must be alive to replay)
   std::set<u64> touches;     // resources the program reads or writes
+};
+
+//! A GraphBuckets slot: its buffers (alive from BucketNew to BucketDestroy sub 1) and the object.
+struct BucketM {
+  bool exists = false;   // the GraphBuckets
+  bool buffers = false;  // x and y
+  int id = 0;            // resource id of x and y
+  BucketSpec spec;
+  int pool = -1;
+  std::vector<u32> x, y;
+  std::vector<bool> captured;
+  std::vector<u64> last_use;
+  std::vector<long> seq;
+  u64 clock = 0;
+};
+
+//! A piece of a PiecewiseGraph: a captured segment, or an eager step (Fill and Affine only).
+struct PieceM {
+  bool step = false;
+  Block program;
+  long seq = 0;
+};
+
+struct PiecewiseM {
+  bool exists = false;
+  int pool = -1;
+  int opt_shared = -1;
+  int instance = 0;
+  std::size_t count = 0;  // segments(): segments and steps appended
+  std::vector<PieceM> pieces;
+};
+
+//! Who keeps a bundle: its graph while that graph lives and has not been reset, and (maybe)
+//! every outer graph instance that a capture of it was replayed into.
+struct BundleM {
+  bool owner = true;
+  std::set<int> holders;  // instances of outer graphs (graph or piecewise) that nested it
 };
 
 inline u64 res_buffer(int uid) { return (u64{1} << 40) | static_cast<u64>(uid); }
@@ -246,10 +336,63 @@ struct State {
   std::array<int, counter_count> counter{};
   std::array<int, shared_pools> shared{1, 2, 3};  // model pool ids of the shared pools (the test's handles)
   std::set<int> ever_shared{1, 2, 3};             // every pool that was shared (graphs may still use it)
+  std::array<BucketM, bucket_slots> buckets{};
+  std::array<PiecewiseM, piece_slots> pieces{};
+  std::map<int, int> retained;  // object id -> bundle
+  std::map<int, BundleM> bundles;
+  std::set<int> checked_released;  // objects a Check found released: forgotten at the next operation
   int next_uid = 100;
   int next_pool = 10;
   long next_seq = 1;
 };
+
+inline u64 res_bucket(int id) { return (u64{5} << 40) | static_cast<u64>(id); }
+
+//! Bytes the model says pool `pool` has allocated (default_pool: the model's part of it).
+inline std::size_t allocated_in(const State& s, int pool) {
+  std::size_t bytes = 0;
+  for (const auto& [uid, b] : s.buffers)
+    if (b.pool == pool) bytes += pool_bytes(b.n);
+  if (pool == default_pool)
+    for (const BucketM& b : s.buckets)
+      if (b.buffers) bytes += 2 * pool_bytes(b.spec.capacity());
+  return bytes;
+}
+
+//! Bundles that the Nested statements of `block` (not those inside them) name.
+inline void nested_bundles(const Block& block, std::set<int>& out) {
+  for (const Stmt& st : block) {
+    if (st.kind == StmtKind::Nested) {
+      if (st.flag == 0) out.insert(st.bundle);
+      continue;
+    }
+    for (const Block& body : st.bodies) nested_bundles(body, out);
+  }
+}
+
+//! What the model knows of a retained object now: 1 alive, -1 released (once the device is
+//! idle and the reaper ran), 0 either (an outer graph that may still hold it).
+inline int retained_expectation(const State& s, int object) {
+  const int bundle = s.retained.at(object);
+  const BundleM& b = s.bundles.at(bundle);
+  if (b.owner) return 1;
+  std::set<int> direct;  // bundles the current programs hold for sure
+  std::set<int> live;    // live instances
+  for (const GraphM& g : s.graphs) {
+    if (!g.exists) continue;
+    live.insert(g.instance);
+    if (g.captured) nested_bundles(g.program, direct);
+  }
+  for (const PiecewiseM& p : s.pieces) {
+    if (!p.exists) continue;
+    live.insert(p.instance);
+    for (const PieceM& piece : p.pieces) nested_bundles(piece.program, direct);
+  }
+  if (direct.count(bundle)) return 1;
+  for (int h : b.holders)
+    if (live.count(h)) return 0;
+  return -1;
+}
 
 // ---- descriptions (the failure trace) ---------------------------------------------------------
 
@@ -258,13 +401,15 @@ inline const char* name(OpKind k) {
                                       "DestroyBuffer", "MoveBuffer", "EagerFill", "EagerAffine", "HostWrite",
                                       "SetFlag", "SetCounter", "NewGraph", "DestroyGraph", "MoveGraph",
                                       "ResetGraph", "Capture", "Round", "ReplayEmpty", "StageMisuse",
-                                      "SimpleMisuse", "DebugDump", "PoolChecks", "DropPool", "Check", "Quiesce"};
+                                      "SimpleMisuse", "DebugDump", "PoolChecks", "DropPool", "Check", "Update",
+                                      "Retain", "BucketNew", "BucketRun", "BucketDestroy", "PieceNew", "PieceAppend",
+                                      "PieceReplay", "PieceDestroy", "Quiesce"};
   return names[static_cast<int>(k)];
 }
 inline const char* name(StmtKind k) {
   static const char* const names[] = {"fill", "affine", "temp", "alloc", "side_alloc", "set_flag", "set_counter", "if",
-                                      "if_else", "while", "switch", "bad_predicate", "end_without_body", "throw",
-                                      "forbidden"};
+                                      "if_else", "while", "switch", "bad_predicate", "end_without_body", "nested",
+                                      "throw", "forbidden"};
   return names[static_cast<int>(k)];
 }
 inline const char* name(Variant v) {
@@ -312,6 +457,15 @@ inline void describe(const Block& block, std::string& out, std::size_t limit) {
         if (s.flag >= 0) out += " mirror f" + std::to_string(s.flag);
         for (const Block& body : s.bodies) describe(body, out, limit);
         break;
+      case StmtKind::Nested:
+        out += " g" + std::to_string(s.index) + (s.form == BodyForm::LambdaWithStream ? " replay(s)" : " replay()");
+        if (s.flag != 0) {
+          out += " refused";
+        } else {
+          out += " pool" + std::to_string(s.inner_pool) + "@" + std::to_string(s.inner_seq) + " ";
+          describe(s.bodies[0], out, limit);
+        }
+        break;
       case StmtKind::Forbidden: out += s.index == 0 ? " stream_sync" : " device_sync"; break;
       default: break;
     }
@@ -333,12 +487,36 @@ inline std::string describe(const CaptureSide& c) {
   return out;
 }
 
+inline std::string describe(const BucketSpec& b) {
+  std::string out = "ladder{";
+  for (std::size_t size : b.ladder) out += " " + std::to_string(size);
+  out += " } k" + std::to_string(b.k) + (b.lazy ? " lazy" : " eager_capture") + (b.share ? " share" : "") +
+         (b.zero_fill ? " zero_fill" : "") + (b.overflow_throw ? " overflow_throw" : "") + " max" + std::to_string(b.max_exec) +
+         (b.pool >= 0 ? " pool=shared" + std::to_string(b.pool) : "") + " y=" + std::to_string(b.a2) + "*(" + std::to_string(b.a1) +
+         "*x+" + std::to_string(b.b1) + ")+" + std::to_string(b.b2);
+  return out;
+}
+
 inline std::string describe(const Op& op) {
   std::string out = name(op.kind);
   auto field = [&](const char* label, long v) {
     if (v >= 0) out += std::string(" ") + label + std::to_string(v);
   };
   switch (op.kind) {
+    case OpKind::Update:
+      out += " [" + describe(op.cap) + "]";
+      out += op.update_outcome == 0 ? " outcome either" : (op.update_outcome == 1 ? " outcome updated" : " outcome reinstantiated");
+      break;
+    case OpKind::PieceAppend:
+      out += " p" + std::to_string(op.a) + (op.sub == 0 ? " segment [" + describe(op.cap) + "]" : " step");
+      if (op.sub == 1) {
+        out += op.b == 1 ? "() " : "(s) ";
+        describe(op.cap.program, out, 600);
+      }
+      break;
+    case OpKind::BucketNew:
+      out += " k" + std::to_string(op.a) + " " + describe(op.bucket) + " on " + stream_name(op.stream);
+      break;
     case OpKind::Capture:
       out += std::string(" ") + name(op.variant) + " [" + describe(op.cap) + "]";
       if (op.variant == Variant::Interleaved || op.variant == Variant::PoolBusy || op.variant == Variant::StreamBusy ||
@@ -382,9 +560,18 @@ struct Stats {
   std::array<long, stmt_kind_count> statements{};  // in captures whose body ran
   std::array<long, variant_count> variants{};
   std::array<long, 3> stage_inputs{};
+  std::array<long, 3> update_predictions{};  // either, updated, reinstantiated
   long if_taken = 0, if_skipped = 0, while_iterations = 0, switch_taken = 0, switch_none = 0;
   long multi_graph_rounds = 0, clobbered = 0, stream_syncs = 0, device_syncs = 0, dead_stream_syncs = 0;
   long conditional_replays = 0, staged_conditional_replays = 0;
+  long nested_runs = 0, nested_refused = 0, nested_in_bodies = 0, nested_after_inner_died = 0;
+  long update_adopted_pool = 0;           // an update that allocated, of a graph without a pool (defects 1, 2)
+  long staged_after_in_place_update = 0;  // stage, replay, update in place, stage (defect 3)
+  long updates_of_staged = 0, updates_with_conditionals = 0;
+  long retained_alive = 0, retained_released = 0, retained_unknown = 0;
+  long bucket_captures = 0, bucket_evictions = 0, bucket_eager_runs = 0, bucket_zero_fills = 0, bucket_staged_runs = 0;
+  long bucket_shared_runs = 0, bucket_throws = 0;
+  long piece_replays = 0, piece_steps = 0;
 };
 
 inline Op simple_op(OpKind kind, int a = -1) {
@@ -394,6 +581,105 @@ inline Op simple_op(OpKind kind, int a = -1) {
   return op;
 }
 
+//! Whether a program allocates from its capture's pool (Alloc, Temp; not inside Nested).
+inline bool allocates(const Block& block) {
+  for (const Stmt& st : block) {
+    if (st.kind == StmtKind::Alloc || st.kind == StmtKind::Temp) return true;
+    if (st.kind == StmtKind::Nested) continue;
+    for (const Block& body : st.bodies)
+      if (allocates(body)) return true;
+  }
+  return false;
+}
+
+//! How deep Nested statements nest in a program (0: none).
+inline int nest_depth(const Block& block) {
+  int depth = 0;
+  for (const Stmt& st : block) {
+    if (st.kind == StmtKind::Nested && st.flag == 0) depth = std::max(depth, 1 + nest_depth(st.bodies[0]));
+    else
+      for (const Block& body : st.bodies) depth = std::max(depth, nest_depth(body));
+  }
+  return depth;
+}
+
+//! The nodes a program captures, as text: two programs with the same shape give graphs that
+//! cudaGraphExecUpdate accepts (the same kernels in the same order, the same conditional nodes
+//! with bodies of the same shape; only parameters differ). Empty when the model cannot say
+//! (a nested child graph).
+inline bool shape(const Block& block, std::string& out) {
+  for (const Stmt& st : block) {
+    switch (st.kind) {
+      case StmtKind::Fill: out += 'F'; break;
+      case StmtKind::Affine: out += 'A'; break;
+      case StmtKind::Temp: out += "AA"; break;
+      case StmtKind::Alloc: out += st.src != 0 ? 'A' : 'F'; break;
+      case StmtKind::SetFlag: out += 'b'; break;
+      case StmtKind::SetCounter: out += 'i'; break;
+      case StmtKind::If:
+      case StmtKind::IfElse:
+      case StmtKind::While:
+      case StmtKind::Switch:
+        out += "(" + std::to_string(static_cast<int>(st.kind)) + "." + std::to_string(static_cast<int>(st.form)) + "." +
+               std::to_string(static_cast<int>(st.pred)) + "." + std::to_string(st.flag >= 0) + "." + std::to_string(st.bodies.size());
+        for (const Block& body : st.bodies) {
+          out += '{';
+          if (!shape(body, out)) return false;
+          out += '}';
+        }
+        out += ')';
+        break;
+      case StmtKind::Nested:
+        if (st.flag == 0) return false;
+        break;
+      default: break;  // SideAlloc, BadPredicate, EndWithoutBody: no node
+    }
+  }
+  return true;
+}
+
+//! Top-level kernel nodes of a program, and the kinds of its top-level conditional nodes: two
+//! programs with the same conditionals but different kernel counts have different topologies.
+inline std::pair<int, std::string> top_nodes(const Block& block) {
+  int kernels = 0;
+  std::string conditionals;
+  for (const Stmt& st : block) {
+    switch (st.kind) {
+      case StmtKind::Temp: kernels += 2; break;
+      case StmtKind::Fill:
+      case StmtKind::Affine:
+      case StmtKind::Alloc:
+      case StmtKind::SetFlag:
+      case StmtKind::SetCounter: kernels += 1; break;
+      case StmtKind::While:
+        kernels += st.flag >= 0 ? 1 : 0;  // arm_flag
+        [[fallthrough]];
+      case StmtKind::If:
+      case StmtKind::IfElse:
+      case StmtKind::Switch:
+        conditionals += std::to_string(static_cast<int>(st.kind)) + "." + std::to_string(static_cast<int>(st.form)) + "." +
+                        std::to_string(static_cast<int>(st.pred)) + ";";
+        break;
+      case StmtKind::Nested:
+        if (st.flag == 0) conditionals += "child;";
+        break;
+      default: break;
+    }
+  }
+  return {kernels, conditionals};
+}
+
+//! What UpdateResult::outcome must be when `after` replaces `before`: 1 Updated, 2
+//! Reinstantiated, 0 either.
+inline int predict_update(const Block& before, const Block& after) {
+  std::string a, b;
+  if (shape(before, a) && shape(after, b) && a == b) return 1;
+  const auto [ka, ca] = top_nodes(before);
+  const auto [kb, cb] = top_nodes(after);
+  if (ca == cb && ka != kb) return 2;
+  return 0;
+}
+
 //! Generates operations and applies them to the host state. next() returns an operation with
 //! its expected outcome and the synchronisations to do first; state() is then what the GPU must
 //! hold once that operation's work has completed.
@@ -401,8 +687,9 @@ class Model {
  public:
   //! `quiesce_every`: every that many operations, destroy everything (random order) and measure.
   //! `without`: names of operations, statements or capture variants never to generate (as
-  //! name() spells them), plus "stage" (no stage_and_launch in rounds) and "stage_conditional"
-  //! (none on graphs with conditional nodes): to run the rest while a known defect is fixed.
+  //! name() spells them), plus "stage" (no stage_and_launch in rounds), "stage_conditional"
+  //! (none on graphs with conditional nodes) and "capture_pool_override" (no CaptureOptions::pool
+  //! other than the graph's own pool once it has one): to run the rest while a known defect is fixed.
   Model(u64 seed, long quiesce_every, std::set<std::string> without = {})
       : rng_(seed), quiesce_every_(quiesce_every), without_(std::move(without)) {}
 
@@ -419,7 +706,7 @@ class Model {
   }
 
   Op next(long index) {
-    if (quiesce_every_ > 0 && index > 0 && index % quiesce_every_ == 0 && forced_.empty()) plan_quiesce();
+    if (quiesce_every_ > 0 && index > 0 && index % quiesce_every_ == 0) plan_quiesce();
     Op op;
     if (!forced_.empty()) {
       op = forced_.front();
@@ -445,11 +732,24 @@ class Model {
     return weights;
   }
 
-  //! What a moved-from Graph is: a default-constructed one.
-  static GraphM moved_from() {
+  //! A default-constructed Graph (also what a moved-from Graph is): a new bundle and instance.
+  GraphM fresh_graph() {
     GraphM g;
     g.exists = true;
+    g.bundle = new_bundle();
+    g.instance = s_.next_uid++;
     return g;
+  }
+  int new_bundle() {
+    const int id = s_.next_uid++;
+    s_.bundles[id] = BundleM{};
+    return id;
+  }
+  //! The Graph's own reference to its bundle goes (destroyed, reset, overwritten).
+  void drop_bundle(const GraphM& g) {
+    if (!g.exists) return;
+    auto it = s_.bundles.find(g.bundle);
+    if (it != s_.bundles.end()) it->second.owner = false;
   }
 
   void count(const Op& op) {
@@ -457,9 +757,11 @@ class Model {
     stats_.outcomes[static_cast<int>(op.expect)] += 1;
     if (op.kind == OpKind::Capture) {
       stats_.variants[static_cast<int>(op.variant)] += 1;
-      if (op.cap.expect != Outcome::Usage) count(op.cap.program);
-      if (op.variant == Variant::Interleaved) count(op.cap2.program);
+      if (op.cap.expect != Outcome::Usage) count(op.cap.program, 0);
+      if (op.variant == Variant::Interleaved) count(op.cap2.program, 0);
     }
+    if ((op.kind == OpKind::Update || op.kind == OpKind::PieceAppend) && op.expect != Outcome::Usage) count(op.cap.program, 0);
+    if (op.kind == OpKind::Update && op.expect == Outcome::Ok) stats_.update_predictions[static_cast<std::size_t>(op.update_outcome)] += 1;
     if (op.kind == OpKind::Round) {
       if (op.items.size() > 1) stats_.multi_graph_rounds += 1;
       for (const ReplayItem& item : op.items)
@@ -467,10 +769,15 @@ class Model {
     }
     for (int sync : op.syncs) (sync < 0 ? stats_.device_syncs : stats_.stream_syncs) += 1;
   }
-  void count(const Block& block) {
+  void count(const Block& block, int depth) {
     for (const Stmt& st : block) {
       stats_.statements[static_cast<int>(st.kind)] += 1;
-      for (const Block& body : st.bodies) count(body);
+      if (st.kind == StmtKind::Nested) {
+        if (st.flag != 0) stats_.nested_refused += 1;
+        else if (depth > 0) stats_.nested_in_bodies += 1;
+        continue;
+      }
+      for (const Block& body : st.bodies) count(body, depth + 1);
     }
   }
 
@@ -507,12 +814,12 @@ class Model {
     }
     return out;
   }
-  bool replayable(const GraphM& g) const {
-    if (!g.exists || !g.captured) return false;
-    for (int uid : g.buffers)
+  bool alive(const std::vector<int>& uids) const {
+    for (int uid : uids)
       if (!s_.buffers.count(uid)) return false;
     return true;
   }
+  bool replayable(const GraphM& g) const { return g.exists && g.captured && alive(g.buffers); }
   int shared_index(int pool) const {
     for (int k = 0; k < shared_pools; ++k)
       if (s_.shared[k] == pool) return k;
@@ -528,6 +835,34 @@ class Model {
     out.insert(res_buffer(uid));
     const BufferM& b = s_.buffers.at(uid);
     if (b.pool >= 0) out.insert(res_pool(b.pool));  // pool memory: replays of that pool may overwrite it
+  }
+  //! Every buffer of `pool` counts as touched by work that runs the pool's temporaries: memory
+  //! that later captures allocated may lie where earlier graphs keep their temporaries.
+  void pool_resources(int pool, std::set<u64>& out) const {
+    out.insert(res_pool(pool));
+    for (const auto& [uid, b] : s_.buffers)
+      if (b.pool == pool) out.insert(res_buffer(uid));
+  }
+  //! The pools whose temporaries a program's replay runs: its nested graphs' (recursively).
+  static void nested_pools(const Block& block, std::set<int>& out) {
+    for (const Stmt& st : block) {
+      if (st.kind == StmtKind::Nested) {
+        if (st.flag == 0) {
+          out.insert(st.inner_pool);
+          nested_pools(st.bodies[0], out);
+        }
+        continue;
+      }
+      for (const Block& body : st.bodies) nested_pools(body, out);
+    }
+  }
+  //! Buffers a program writes (statics that it does not write show what staging copied).
+  static void written(const Block& block, std::set<int>& out) {
+    for (const Stmt& st : block) {
+      if (st.kind == StmtKind::Fill || st.kind == StmtKind::Affine || st.kind == StmtKind::Temp || st.kind == StmtKind::Alloc)
+        out.insert(st.dst);
+      for (const Block& body : st.bodies) written(body, out);
+    }
   }
 
   // ---- the ordering rule ----
@@ -567,21 +902,24 @@ class Model {
     s_.pending.clear();
     s_.dead.clear();
   }
-
-  void destroy_buffer(Op& op, int slot) {
-    const int uid = s_.buf[slot];
-    if (uid == 0) return;
-    const BufferM& b = s_.buffers.at(uid);
+  //! Synchronises every stream whose unfinished work touches `resource`, except `except`.
+  void sync_users(Op& op, u64 resource, int except) {
     for (bool again = true; again;) {
       again = false;
       for (const auto& [other, resources] : s_.pending) {
-        if (other != b.alloc_stream && resources.count(res_buffer(uid))) {
+        if (other != except && resources.count(resource)) {
           sync_stream_uid(op, other);
           again = true;
           break;
         }
       }
     }
+  }
+
+  void destroy_buffer(Op& op, int slot) {
+    const int uid = s_.buf[slot];
+    if (uid == 0) return;
+    sync_users(op, res_buffer(uid), s_.buffers.at(uid).alloc_stream);
     s_.buffers.erase(uid);
     s_.buf[slot] = 0;
   }
@@ -591,7 +929,20 @@ class Model {
     if (auto it = s_.pending.find(uid); it != s_.pending.end() && !it->second.empty()) s_.dead.insert(uid);
     s_.stream[slot] = 0;
   }
-  void destroy_graph(int slot) { s_.graphs[slot] = GraphM{}; }
+  void destroy_graph(int slot) {
+    drop_bundle(s_.graphs[slot]);
+    s_.graphs[slot] = GraphM{};
+  }
+  //! reset(): the executable, the graphs and the bundle go; the options stay.
+  void reset_graph(GraphM& g) {
+    drop_bundle(g);
+    GraphM fresh = fresh_graph();
+    fresh.opt_pool = g.opt_pool;
+    fresh.opt_shared = g.opt_shared;
+    fresh.opt_mode = g.opt_mode;
+    fresh.gpool = g.opt_pool;
+    g = fresh;
+  }
   int new_buffer(int slot, std::size_t n, Value v, int pool, long seq, int alloc_stream) {
     const int uid = s_.next_uid++;
     s_.buffers[uid] = BufferM{n, v, pool, seq, alloc_stream};
@@ -600,6 +951,19 @@ class Model {
   }
 
   // ---- the program interpreter (a replay) ----
+
+  //! A replay of what capture `seq` captured into `pool` runs its temporaries: they may lie where
+  //! captures after it allocated the tensors they keep, and a tensor allocated inside a
+  //! conditional body of that capture holds garbage after a replay that skips the body. Such
+  //! values become unknown. (Its program cannot name tensors allocated after it: they did not
+  //! exist when it was captured. That is why graphs sharing a pool replay in capture order.)
+  void clobber(int pool, long seq) {
+    for (auto& [uid, b] : s_.buffers)
+      if (b.pool == pool && (b.seq > seq || (b.seq == seq && b.in_body))) {
+        stats_.clobbered += b.value.known;
+        b.value = Value{};
+      }
+  }
 
   void run(const Block& block) {
     for (const Stmt& st : block) run(st);
@@ -651,6 +1015,13 @@ class Model {
         if (taken) run(st.bodies[static_cast<std::size_t>(k)]);
         break;
       }
+      case StmtKind::Nested:
+        if (st.flag != 0) break;  // refused at capture: no node
+        stats_.nested_runs += 1;
+        if (!s_.graphs[st.index].exists || s_.graphs[st.index].bundle != st.bundle) stats_.nested_after_inner_died += 1;
+        clobber(st.inner_pool, st.inner_seq);
+        run(st.bodies[0]);
+        break;
       default: break;  // SideAlloc ran at capture time; misuse statements capture nothing
     }
   }
@@ -685,6 +1056,15 @@ class Model {
           1,   // PoolChecks
           1,   // DropPool
           3,   // Check
+          9,   // Update
+          2,   // Retain
+          1,   // BucketNew
+          6,   // BucketRun
+          1,   // BucketDestroy
+          1,   // PieceNew
+          3,   // PieceAppend
+          4,   // PieceReplay
+          1,   // PieceDestroy
           0,   // Quiesce (scheduled)
       }));
       if (k < 0) return simple_op(OpKind::Check);
@@ -751,6 +1131,7 @@ class Model {
         op.a = rng_.below(graph_slots);
         op.x = static_cast<u32>(rng_.percent(40) ? rng_.below(shared_pools) : -1);  // GraphOptions::pool
         op.y = static_cast<u32>(rng_.below(3));                                      // GraphOptions::capture_error_mode
+        op.z = static_cast<u32>(rng_.percent(20));                                   // GraphOptions::upload
         return true;
       case OpKind::DestroyGraph:
       case OpKind::ResetGraph:
@@ -794,6 +1175,41 @@ class Model {
       case OpKind::DropPool: op.a = rng_.below(shared_pools); return true;
       case OpKind::PoolChecks:
       case OpKind::Check: return true;
+      case OpKind::Update: return fill_update(op);
+      case OpKind::Retain: {
+        std::vector<int> graphs = graph_slots_where(-1);
+        if (graphs.empty()) return false;
+        op.a = rng_.pick(graphs);
+        op.sub = rng_.below(2);
+        op.x = static_cast<u32>(s_.next_uid++);
+        return true;
+      }
+      case OpKind::BucketNew: return fill_bucket_new(op);
+      case OpKind::BucketRun: return fill_bucket_run(op);
+      case OpKind::BucketDestroy: {
+        std::vector<int> live;
+        for (int i = 0; i < bucket_slots; ++i)
+          if (s_.buckets[i].buffers) live.push_back(i);
+        if (live.empty()) return false;
+        op.a = rng_.pick(live);
+        op.sub = s_.buckets[op.a].exists ? rng_.below(2) : 1;
+        return true;
+      }
+      case OpKind::PieceNew:
+        op.a = rng_.below(piece_slots);
+        op.x = static_cast<u32>(rng_.percent(40) ? rng_.below(shared_pools) : -1);
+        return true;
+      case OpKind::PieceAppend: return fill_piece_append(op);
+      case OpKind::PieceReplay:
+      case OpKind::PieceDestroy: {
+        std::vector<int> live;  // a replay: every buffer its pieces use alive (none appended: usage_error)
+        for (int i = 0; i < piece_slots; ++i)
+          if (s_.pieces[i].exists && (op.kind == OpKind::PieceDestroy || piece_replayable(s_.pieces[i]))) live.push_back(i);
+        if (live.empty()) return false;
+        op.a = rng_.pick(live);
+        op.stream = any_stream();
+        return true;
+      }
       case OpKind::Quiesce: return false;
     }
     return false;
@@ -807,7 +1223,8 @@ class Model {
     return op.a != op.b;
   }
 
-  //! Every live graph, buffer and stream destroyed in a random order, then Quiesce.
+  //! Every live graph, buffer, stream, bucket slot and piecewise graph destroyed in a random
+  //! order, then Quiesce.
   void plan_quiesce() {
     std::vector<Op> ops;
     for (int i = 0; i < graph_slots; ++i)
@@ -816,12 +1233,19 @@ class Model {
       if (s_.buf[i] != 0) ops.push_back(simple_op(OpKind::DestroyBuffer, i));
     for (int i = 0; i < stream_slots; ++i)
       if (s_.stream[i] != 0) ops.push_back(simple_op(OpKind::DestroyStream, i));
+    for (int i = 0; i < bucket_slots; ++i)
+      if (s_.buckets[i].buffers) {
+        ops.push_back(simple_op(OpKind::BucketDestroy, i));
+        ops.back().sub = 1;
+      }
+    for (int i = 0; i < piece_slots; ++i)
+      if (s_.pieces[i].exists) ops.push_back(simple_op(OpKind::PieceDestroy, i));
     for (std::size_t i = ops.size(); i > 1; --i) std::swap(ops[i - 1], ops[static_cast<std::size_t>(rng_.below(static_cast<int>(i)))]);
-    forced_.assign(ops.begin(), ops.end());
+    forced_.insert(forced_.end(), ops.begin(), ops.end());  // after the Checks forced before
     forced_.push_back(simple_op(OpKind::Quiesce));
   }
 
-  // ---- captures ----
+  // ---- programs ----
 
   //! What a program may use while it is generated.
   struct GenCtx {
@@ -831,10 +1255,13 @@ class Model {
     std::set<int> fresh;                              // slots filled by this program (not replaced again)
     std::set<int> no_target;                          // slots that must not be replaced
     std::set<int> side_streams_excluded;              // stream slots SideAlloc must not use
+    std::set<int> nested_excluded;                    // graph slots Nested must not replay (the capturing ones)
     std::array<bool, flag_count> flag_locked{};
     std::array<bool, counter_count> counter_locked{};
     int budget = max_statements;
     bool top_explicit = false;  // no current-stream allocations at the top level (interleaved captures)
+    bool flat = false;          // no conditional nodes (a PiecewiseGraph segment: no Graph to call if_ on)
+    bool eager = false;         // Fill and Affine only (a PiecewiseGraph step)
   };
 
   GenCtx context() const {
@@ -861,6 +1288,38 @@ class Model {
     ctx.used.insert(ctx.uid[slot]);
     return ctx.uid[slot];
   }
+  //! Graphs a Nested statement may replay: not capturing now, not nesting too deep, and not
+  //! touching what decides an enclosing while loop.
+  std::vector<int> nested_candidates(const GenCtx& ctx) const {
+    std::vector<int> out;
+    for (int i = 0; i < graph_slots; ++i) {
+      const GraphM& g = s_.graphs[i];
+      if (!g.exists || ctx.nested_excluded.count(i) || (g.captured && nest_depth(g.program) >= 2)) continue;
+      bool locked = false;
+      for (int f = 0; f < flag_count; ++f) locked = locked || (ctx.flag_locked[f] && g.touches.count(res_flag(f)));
+      for (int c = 0; c < counter_count; ++c) locked = locked || (ctx.counter_locked[c] && g.touches.count(res_counter(c)));
+      if (!locked) out.push_back(i);
+    }
+    return out;
+  }
+  std::vector<int> free_flags(const GenCtx& ctx) const {
+    std::vector<int> out;
+    for (int f = 0; f < flag_count; ++f)
+      if (!ctx.flag_locked[f]) out.push_back(f);
+    return out;
+  }
+  std::vector<int> free_counters(const GenCtx& ctx) const {
+    std::vector<int> out;
+    for (int c = 0; c < counter_count; ++c)
+      if (!ctx.counter_locked[c]) out.push_back(c);
+    return out;
+  }
+  std::vector<int> side_streams(const GenCtx& ctx) const {
+    std::vector<int> out;
+    for (int sl : live_streams())
+      if (!ctx.side_streams_excluded.count(sl)) out.push_back(sl);
+    return out;
+  }
 
   Block gen_block(GenCtx& ctx, int depth, int max_len) {
     Block block;
@@ -874,86 +1333,32 @@ class Model {
 
   bool gen_stmt(GenCtx& ctx, int depth, Stmt& st) {
     const bool have = !ctx_buffers(ctx).empty();
-    const bool targets = !ctx_targets(ctx).empty();
-    const bool nest = depth < max_depth && ctx.budget >= 2;
-    std::vector<int> free_counters, free_flags;
-    for (int c = 0; c < counter_count; ++c)
-      if (!ctx.counter_locked[c]) free_counters.push_back(c);
-    for (int f = 0; f < flag_count; ++f)
-      if (!ctx.flag_locked[f]) free_flags.push_back(f);
-    std::vector<int> side;
-    for (int sl : live_streams())
-      if (!ctx.side_streams_excluded.count(sl)) side.push_back(sl);
+    const bool targets = !ctx_targets(ctx).empty() && !ctx.eager;
+    const bool nest = depth < max_depth && ctx.budget >= 2 && !ctx.flat && !ctx.eager;
+    const bool misuse = !ctx.flat && !ctx.eager;
+    const bool kernels = !ctx.eager;
+    const bool flags = !free_flags(ctx).empty() && kernels;
+    const bool counters = !free_counters(ctx).empty() && kernels;
     const int k = rng_.weighted(allowed_weights<StmtKind>({
-        have ? 14 : 0,                          // Fill
-        have ? 22 : 0,                          // Affine
-        have ? 7 : 0,                           // Temp
-        targets ? 8 : 0,                        // Alloc
-        targets && !side.empty() ? 2 : 0,       // SideAlloc
-        free_flags.empty() ? 0 : 5,             // SetFlag
-        free_counters.empty() ? 0 : 5,          // SetCounter
-        nest ? 8 : 0,                           // If
-        nest ? 4 : 0,                           // IfElse
-        nest && !free_counters.empty() ? 6 : 0,  // While
-        nest ? 4 : 0,                           // Switch
-        2,                                      // BadPredicate
-        depth == 0 ? 2 : 0,                     // EndWithoutBody
+        have ? 14 : 0,                                               // Fill
+        have ? 22 : 0,                                               // Affine
+        have && kernels ? 7 : 0,                                     // Temp
+        targets ? 8 : 0,                                             // Alloc
+        targets && !side_streams(ctx).empty() ? 2 : 0,               // SideAlloc
+        flags ? 5 : 0,                                               // SetFlag
+        counters ? 5 : 0,                                            // SetCounter
+        nest ? 8 : 0,                                                // If
+        nest ? 4 : 0,                                                // IfElse
+        nest && counters ? 6 : 0,                                    // While
+        nest ? 4 : 0,                                                // Switch
+        misuse ? 2 : 0,                                              // BadPredicate
+        misuse && depth == 0 ? 2 : 0,                                // EndWithoutBody
+        kernels && !nested_candidates(ctx).empty() ? 4 : 0,          // Nested
     }));
     if (k < 0) return false;
     st.kind = static_cast<StmtKind>(k);
     --ctx.budget;
     switch (st.kind) {
-      case StmtKind::Fill:
-        st.dst_slot = rng_.pick(ctx_buffers(ctx));
-        st.dst = use(ctx, st.dst_slot);
-        st.n = ctx.n[st.dst_slot];
-        st.a = rng_.word();
-        st.b = small();
-        break;
-      case StmtKind::Affine:
-      case StmtKind::Temp:
-        st.dst_slot = rng_.pick(ctx_buffers(ctx));
-        st.n = ctx.n[st.dst_slot];
-        st.src_slot = rng_.pick(ctx_buffers(ctx, st.n));
-        st.dst = use(ctx, st.dst_slot);
-        st.src = use(ctx, st.src_slot);
-        st.a = small();
-        st.b = rng_.word();
-        st.c = small();
-        st.d = rng_.word();
-        st.on_current_stream = rng_.percent(50) && !(depth == 0 && ctx.top_explicit);
-        break;
-      case StmtKind::Alloc:
-      case StmtKind::SideAlloc: {
-        st.dst_slot = rng_.pick(ctx_targets(ctx));
-        st.n = any_size();
-        std::vector<int> sources = ctx_buffers(ctx, st.n);
-        std::erase(sources, st.dst_slot);  // the old occupant dies when the new tensor takes its slot
-        if (st.kind == StmtKind::Alloc && !sources.empty() && rng_.percent(50)) {
-          st.src_slot = rng_.pick(sources);
-          st.src = use(ctx, st.src_slot);
-        }
-        st.a = st.kind == StmtKind::Alloc && st.src != 0 ? small() : rng_.word();
-        st.b = st.kind == StmtKind::Alloc && st.src != 0 ? rng_.word() : small();
-        st.c = rng_.word();
-        st.d = small();
-        if (st.kind == StmtKind::SideAlloc) st.index = rng_.pick(side);
-        st.on_current_stream = st.kind == StmtKind::Alloc && rng_.percent(50) && !(depth == 0 && ctx.top_explicit);
-        st.dst = s_.next_uid++;  // reserved now; the buffer exists once the capture has run
-        ctx.uid[st.dst_slot] = st.dst;
-        ctx.n[st.dst_slot] = st.n;
-        ctx.fresh.insert(st.dst_slot);
-        ctx.used.insert(st.dst);
-        break;
-      }
-      case StmtKind::SetFlag:
-        st.index = rng_.pick(free_flags);
-        st.a = static_cast<u32>(rng_.below(2));
-        break;
-      case StmtKind::SetCounter:
-        st.index = rng_.pick(free_counters);
-        st.a = static_cast<u32>(rng_.between(0, max_count));
-        break;
       case StmtKind::If:
       case StmtKind::IfElse:
       case StmtKind::Switch: {
@@ -963,31 +1368,215 @@ class Model {
         st.form = static_cast<BodyForm>(rng_.below(st.kind == StmtKind::If ? 4 : 2));
         const int bodies = st.kind == StmtKind::If ? 1 : (st.kind == StmtKind::IfElse ? 2 : rng_.between(1, 3));
         for (int i = 0; i < bodies; ++i) st.bodies.push_back(gen_block(ctx, depth + 1, 3));
-        break;
+        return true;
       }
       case StmtKind::While: {
-        st.index = rng_.pick(free_counters);
-        const int p = rng_.below(free_flags.empty() ? 1 : 3);
+        const std::vector<int> flags_free = free_flags(ctx);
+        st.index = rng_.pick(free_counters(ctx));
+        const int p = rng_.below(flags_free.empty() ? 1 : 3);
         st.pred = p == 0 ? PredForm::CounterFunctor : (p == 1 ? PredForm::Tensor : PredForm::Functor);
-        if (p != 0) st.flag = rng_.pick(free_flags);
+        if (p != 0) st.flag = rng_.pick(flags_free);
         st.form = static_cast<BodyForm>(rng_.below(4));
-        // The body must not write what decides the loop, or it might never end.
-        ctx.counter_locked[st.index] = true;
-        if (st.flag >= 0) ctx.flag_locked[st.flag] = true;
-        st.bodies.push_back(gen_block(ctx, depth + 1, 3));
-        ctx.counter_locked[st.index] = false;
-        if (st.flag >= 0) ctx.flag_locked[st.flag] = false;
-        break;
+        while_body(ctx, st, [&] { return gen_block(ctx, depth + 1, 3); });
+        return true;
       }
-      default: break;  // BadPredicate, EndWithoutBody
+      case StmtKind::BadPredicate:
+      case StmtKind::EndWithoutBody: return true;
+      default: return fill_leaf(ctx, st, -1);
     }
-    return true;
+  }
+
+  //! The body of a while node: it must not write what decides the loop, or it might never end.
+  template <class MakeBody>
+  void while_body(GenCtx& ctx, Stmt& st, MakeBody make) {
+    ctx.counter_locked[st.index] = true;
+    if (st.flag >= 0) ctx.flag_locked[st.flag] = true;
+    st.bodies.push_back(make());
+    ctx.counter_locked[st.index] = false;
+    if (st.flag >= 0) ctx.flag_locked[st.flag] = false;
+  }
+
+  //! Completes a statement of st.kind without bodies; false when the context allows none.
+  //! `alloc_src` (Alloc): 1 from a source buffer, 0 a fill, -1 either.
+  bool fill_leaf(GenCtx& ctx, Stmt& st, int alloc_src) {
+    switch (st.kind) {
+      case StmtKind::Fill: {
+        const std::vector<int> live = ctx_buffers(ctx);
+        if (live.empty()) return false;
+        st.dst_slot = rng_.pick(live);
+        st.dst = use(ctx, st.dst_slot);
+        st.n = ctx.n[st.dst_slot];
+        st.a = rng_.word();
+        st.b = small();
+        return true;
+      }
+      case StmtKind::Affine:
+      case StmtKind::Temp: {
+        const std::vector<int> live = ctx_buffers(ctx);
+        if (live.empty()) return false;
+        st.dst_slot = rng_.pick(live);
+        st.n = ctx.n[st.dst_slot];
+        st.src_slot = rng_.pick(ctx_buffers(ctx, st.n));
+        st.dst = use(ctx, st.dst_slot);
+        st.src = use(ctx, st.src_slot);
+        st.a = small();
+        st.b = rng_.word();
+        st.c = small();
+        st.d = rng_.word();
+        st.on_current_stream = rng_.percent(50) && !ctx.top_explicit;
+        return true;
+      }
+      case StmtKind::Alloc:
+      case StmtKind::SideAlloc: {
+        const std::vector<int> targets = ctx_targets(ctx);
+        const std::vector<int> side = side_streams(ctx);
+        if (targets.empty() || (st.kind == StmtKind::SideAlloc && side.empty())) return false;
+        st.dst_slot = rng_.pick(targets);
+        st.n = any_size();
+        std::vector<int> sources = ctx_buffers(ctx, st.n);
+        std::erase(sources, st.dst_slot);  // the old occupant dies when the new tensor takes its slot
+        if (st.kind == StmtKind::Alloc && alloc_src == 1 && sources.empty()) {
+          for (std::size_t n : buffer_sizes) {  // another size may have a source
+            sources = ctx_buffers(ctx, n);
+            std::erase(sources, st.dst_slot);
+            if (!sources.empty()) {
+              st.n = n;
+              break;
+            }
+          }
+          if (sources.empty()) return false;
+        }
+        if (st.kind == StmtKind::Alloc && !sources.empty() && (alloc_src == 1 || (alloc_src < 0 && rng_.percent(50)))) {
+          st.src_slot = rng_.pick(sources);
+          st.src = use(ctx, st.src_slot);
+        }
+        st.a = st.kind == StmtKind::Alloc && st.src != 0 ? small() : rng_.word();
+        st.b = st.kind == StmtKind::Alloc && st.src != 0 ? rng_.word() : small();
+        st.c = rng_.word();
+        st.d = small();
+        if (st.kind == StmtKind::SideAlloc) st.index = rng_.pick(side);
+        st.on_current_stream = st.kind == StmtKind::Alloc && rng_.percent(50) && !ctx.top_explicit;
+        st.dst = s_.next_uid++;  // reserved now; the buffer exists once the capture has run
+        ctx.uid[st.dst_slot] = st.dst;
+        ctx.n[st.dst_slot] = st.n;
+        ctx.fresh.insert(st.dst_slot);
+        ctx.used.insert(st.dst);
+        return true;
+      }
+      case StmtKind::SetFlag: {
+        const std::vector<int> flags = free_flags(ctx);
+        if (flags.empty()) return false;
+        st.index = rng_.pick(flags);
+        st.a = static_cast<u32>(rng_.below(2));
+        return true;
+      }
+      case StmtKind::SetCounter: {
+        const std::vector<int> counters = free_counters(ctx);
+        if (counters.empty()) return false;
+        st.index = rng_.pick(counters);
+        st.a = static_cast<u32>(rng_.between(0, max_count));
+        return true;
+      }
+      case StmtKind::Nested: {
+        const std::vector<int> candidates = nested_candidates(ctx);
+        if (candidates.empty()) return false;
+        // Mostly captured graphs without conditional nodes (the ones CUDA accepts as a child).
+        std::vector<int> good;
+        for (int i : candidates)
+          if (s_.graphs[i].captured && !s_.graphs[i].conditional) good.push_back(i);
+        st.index = !good.empty() && rng_.percent(85) ? rng_.pick(good) : rng_.pick(candidates);
+        st.form = rng_.percent(70) || ctx.top_explicit ? BodyForm::LambdaWithStream : BodyForm::LambdaNoArg;
+        const GraphM& inner = s_.graphs[st.index];
+        st.flag = inner.captured && !inner.conditional ? 0 : 1;
+        if (st.flag == 0) {
+          st.bodies.push_back(inner.program);
+          st.inner_pool = inner.pool;
+          st.inner_seq = inner.seq;
+          st.bundle = inner.bundle;
+          for (int uid : inner.buffers) ctx.used.insert(uid);  // the outer graph needs them alive
+        }
+        return true;
+      }
+      default: return false;
+    }
+  }
+
+  //! A program with the shape of `old` (see shape()): the same kernels and conditional nodes in
+  //! the same order, on other buffers, flags, counters and values; a fill or an affine may become
+  //! an allocation that does the same. `exact` turns false where that cannot be done.
+  Block gen_like(GenCtx& ctx, const Block& old, int depth, bool& exact) {
+    Block block;
+    for (const Stmt& before : old) {
+      Stmt st;
+      st.kind = before.kind;
+      bool ok = true;
+      switch (before.kind) {
+        case StmtKind::Fill:
+        case StmtKind::Affine:
+        case StmtKind::Alloc: {
+          const bool fill_kernel = before.kind == StmtKind::Fill || (before.kind == StmtKind::Alloc && before.src == 0);
+          Stmt alloc = st;
+          alloc.kind = StmtKind::Alloc;
+          GenCtx saved = ctx;
+          if (!ctx.eager && rng_.percent(35) && fill_leaf(ctx, alloc, fill_kernel ? 0 : 1) && (alloc.src == 0) == fill_kernel) {
+            st = alloc;
+          } else {
+            ctx = saved;
+            st = Stmt{};
+            st.kind = fill_kernel ? StmtKind::Fill : StmtKind::Affine;
+            ok = fill_leaf(ctx, st, -1);
+          }
+          break;
+        }
+        case StmtKind::Temp:
+        case StmtKind::SideAlloc:
+        case StmtKind::SetFlag:
+        case StmtKind::SetCounter:
+          ok = fill_leaf(ctx, st, -1);
+          if (!ok && before.kind == StmtKind::SideAlloc) continue;  // no node: leave it out
+          break;
+        case StmtKind::If:
+        case StmtKind::IfElse:
+        case StmtKind::Switch:
+          st.index = rng_.below(before.kind == StmtKind::Switch ? counter_count : flag_count);
+          st.pred = before.pred;
+          st.form = before.form;
+          for (const Block& body : before.bodies) st.bodies.push_back(gen_like(ctx, body, depth + 1, exact));
+          break;
+        case StmtKind::While: {
+          const std::vector<int> counters = free_counters(ctx);
+          std::vector<int> flags = free_flags(ctx);
+          if (counters.empty() || (before.flag >= 0 && flags.empty())) {
+            ok = false;
+            break;
+          }
+          st.index = rng_.pick(counters);
+          st.pred = before.pred;
+          st.form = before.form;
+          if (before.flag >= 0) st.flag = rng_.pick(flags);
+          while_body(ctx, st, [&] { return gen_like(ctx, before.bodies[0], depth + 1, exact); });
+          break;
+        }
+        case StmtKind::BadPredicate:
+        case StmtKind::EndWithoutBody: break;
+        default:  // Nested: another child graph, whose shape the model does not follow
+          exact = false;
+          ok = fill_leaf(ctx, st, -1);
+          break;
+      }
+      if (!ok) {
+        exact = false;
+        continue;
+      }
+      block.push_back(std::move(st));
+    }
+    return block;
   }
 
   //! Appends a chain of `depth` conditionals ending in `terminal` (the last statement captured).
   void add_terminal(GenCtx& ctx, Block& top, StmtKind terminal) {
     Block* at = &top;
-    const int depth = rng_.below(max_depth + 1);
+    const int depth = ctx.flat ? 0 : rng_.below(max_depth + 1);
     for (int level = 0; level < depth; ++level) {
       Stmt st;
       const int k = rng_.below(4);
@@ -1009,6 +1598,15 @@ class Model {
     end.index = terminal == StmtKind::Forbidden ? rng_.below(2) : 0;
     at->push_back(std::move(end));
   }
+  //! add_terminal with a Throw or a Forbidden call, as allowed, `percent` of the time.
+  void maybe_terminal(GenCtx& ctx, Block& program, int percent, bool may_throw) {
+    may_throw = may_throw && allowed("throw");
+    const bool may_break = allowed("forbidden");
+    if (rng_.percent(percent) && (may_throw || may_break))
+      add_terminal(ctx, program, may_throw && (!may_break || rng_.percent(50)) ? StmtKind::Throw : StmtKind::Forbidden);
+  }
+
+  // ---- captures ----
 
   CaptureSide gen_side(int slot, const std::vector<int>& avoid_streams) {
     CaptureSide c;
@@ -1025,9 +1623,21 @@ class Model {
     return c;
   }
 
-  int effective_pool_index(const CaptureSide& c) const {  // shared index, -1: private
-    if (c.pool >= 0) return c.pool;
-    return s_.graphs[c.slot].opt_shared;
+  //! The model pool a capture of `c` would go into now; -1: a fresh private one.
+  int effective_pool(const CaptureSide& c) const {
+    if (c.pool >= 0) return s_.shared[c.pool];
+    return s_.graphs[c.slot].gpool;
+  }
+  //! A shared index whose pool is not `pool`.
+  int other_shared(int pool) const {
+    for (int k = 0; k < shared_pools; ++k)
+      if (s_.shared[k] != pool) return k;
+    return 0;
+  }
+  //! CaptureOptions::pool of `c` names another pool than the one its graph has (see the class comment).
+  bool pool_override(const CaptureSide& c) const {
+    const int own = s_.graphs[c.slot].gpool;
+    return c.pool >= 0 && own >= 0 && s_.shared[c.pool] != own;
   }
 
   bool fill_capture(Op& op) {
@@ -1047,19 +1657,22 @@ class Model {
     }
     op.cap = gen_side(slot, {});
     GenCtx ctx = context();
+    ctx.nested_excluded = {slot};
     const int cap_stream = op.cap.stream_mode == StreamMode::Explicit || op.cap.stream_mode == StreamMode::Guard ? op.cap.stream : -1;
     if (cap_stream >= 0) ctx.side_streams_excluded.insert(cap_stream);
+    if (!fill_capture_variant(op, ctx, slot, cap_stream, empty, any)) return false;
+    if (!allowed("capture_pool_override") && (pool_override(op.cap) || (op.cap2.slot >= 0 && op.cap2.pool >= 0 && pool_override(op.cap2))))
+      return false;
+    return true;
+  }
 
+  bool fill_capture_variant(Op& op, GenCtx& ctx, int slot, int cap_stream, const std::vector<int>& empty, const std::vector<int>& any) {
     switch (op.variant) {
       case Variant::Lambda:
-      case Variant::Manual: {
+      case Variant::Manual:
         op.cap.program = gen_block(ctx, 0, 5);
-        const bool may_throw = op.variant == Variant::Lambda && allowed("throw");  // a manual capture has no body to abandon
-        const bool may_break = allowed("forbidden");
-        if (rng_.percent(14) && (may_throw || may_break))
-          add_terminal(ctx, op.cap.program, may_throw && (!may_break || rng_.percent(50)) ? StmtKind::Throw : StmtKind::Forbidden);
+        maybe_terminal(ctx, op.cap.program, 14, op.variant == Variant::Lambda);  // a manual capture has no body to abandon
         return true;
-      }
       case Variant::BeginTwice:
       case Variant::GraphDestroyed:
       case Variant::GraphReset:
@@ -1070,10 +1683,12 @@ class Model {
         op.cap.program = gen_block(ctx, 0, 4);
         return true;
       case Variant::MovedMidCapture:
+        op.cap2.slot = rng_.below(graph_slots);
+        if (op.cap2.slot == slot) return false;
+        ctx.nested_excluded.insert(op.cap2.slot);  // the move destroys the graph there
         op.cap.program = gen_block(ctx, 0, 5);
         op.split = rng_.between(0, static_cast<int>(op.cap.program.size()));
-        op.cap2.slot = rng_.below(graph_slots);
-        return op.cap2.slot != slot;
+        return true;
       case Variant::Interleaved: {
         std::vector<int> others;
         for (int g : empty)
@@ -1089,10 +1704,11 @@ class Model {
         op.cap2.stream_mode = StreamMode::Explicit;
         op.cap2.stream = rng_.pick(live);
         // Two captures into one pool at once are refused (PoolBusy tests that): use two pools.
-        const int p1 = effective_pool_index(op.cap);
-        if (p1 >= 0 && effective_pool_index(op.cap2) == p1) op.cap2.pool = (p1 + 1) % shared_pools;
+        const int p1 = effective_pool(op.cap);
+        if (p1 >= 0 && effective_pool(op.cap2) == p1) op.cap2.pool = other_shared(p1);
         ctx.top_explicit = true;
         ctx.side_streams_excluded.insert(op.cap2.stream);
+        ctx.nested_excluded.insert(op.cap2.slot);
         op.cap.program = gen_block(ctx, 0, 4);
         // The second program runs interleaved with the first: it must neither use nor replace the
         // slots the first one fills, nor replace buffers the first one uses (the first program
@@ -1100,6 +1716,7 @@ class Model {
         GenCtx second = context();
         second.top_explicit = true;
         second.side_streams_excluded = ctx.side_streams_excluded;
+        second.nested_excluded = ctx.nested_excluded;
         for (int i = 0; i < buffer_slots; ++i) {
           if (ctx.fresh.count(i)) {
             second.uid[i] = 0;
@@ -1119,6 +1736,7 @@ class Model {
         if (others.empty()) return false;
         if (op.cap.stream_mode == StreamMode::Guard) op.cap.stream_mode = StreamMode::Explicit;
         op.cap2.slot = rng_.pick(others);
+        ctx.nested_excluded.insert(op.cap2.slot);
         if (op.variant == Variant::PoolBusy) {
           op.cap.pool = rng_.below(shared_pools);
           op.cap2.pool = op.cap.pool;
@@ -1142,8 +1760,7 @@ class Model {
           op.cap2.stream_mode = op.cap.stream_mode == StreamMode::Explicit ? StreamMode::Explicit : StreamMode::Current;
           op.cap2.stream = op.cap.stream;
           // A distinct pool, so that only the busy stream can be the reason for the refusal.
-          const int p1 = effective_pool_index(op.cap);
-          op.cap2.pool = p1 >= 0 ? (p1 + 1) % shared_pools : rng_.below(shared_pools);
+          op.cap2.pool = other_shared(effective_pool(op.cap));
         }
         op.cap.program = gen_block(ctx, 0, 4);
         return true;
@@ -1157,6 +1774,7 @@ class Model {
   void destroy_targets(Op& op, const Block& block) {
     for (const Stmt& st : block) {
       if (st.kind == StmtKind::Alloc || st.kind == StmtKind::SideAlloc) destroy_buffer(op, st.dst_slot);
+      if (st.kind == StmtKind::Nested) continue;
       for (const Block& body : st.bodies) destroy_targets(op, body);
     }
   }
@@ -1175,31 +1793,65 @@ class Model {
         buffer_resources(st.dst, touched);
         s_.pending[su].insert(touched.begin(), touched.end());  // a fresh tensor: nothing to order against
       }
+      if (st.kind == StmtKind::Nested) continue;
       for (const Block& body : st.bodies) create_allocations(body, pool, seq, cap_stream_uid, depth + 1);
     }
   }
 
-  //! A capture whose body runs: its allocations happen; returns {pool, sequence number}.
-  std::pair<int, long> run_capture(Op& op, const CaptureSide& c) {
+  //! Part 3: every graph nested in it may now be kept by `instance` (an outer graph's captures
+  //! and executables), and so may what those graphs nested.
+  void hold_nested(const Block& block, int instance) {
+    for (const Stmt& st : block) {
+      if (st.kind == StmtKind::Nested) {
+        if (st.flag != 0) continue;
+        s_.bundles[st.bundle].holders.insert(instance);
+        hold_nested(st.bodies[0], instance);
+        continue;
+      }
+      for (const Block& body : st.bodies) hold_nested(body, instance);
+    }
+  }
+
+  //! A capture whose body runs into `pool`: its allocations happen; returns its sequence number.
+  long run_body(Op& op, const CaptureSide& c, int pool, int instance) {
     destroy_targets(op, c.program);
-    const int pool = capture_pool(c);
     const long seq = s_.next_seq++;
     create_allocations(c.program, pool, seq, cap_stream_uid(c), 0);
-    return {pool, seq};
+    hold_nested(c.program, instance);
+    return seq;
+  }
+  //! run_body for a Graph's capture: returns {pool, sequence number}.
+  std::pair<int, long> run_capture(Op& op, const CaptureSide& c) {
+    const int pool = capture_pool(c);
+    return {pool, run_body(op, c, pool, s_.graphs[c.slot].instance)};
   }
 
   static StmtKind terminal_of(const Block& block) {
     for (const Stmt& st : block) {
       if (st.kind == StmtKind::Throw || st.kind == StmtKind::Forbidden) return st.kind;
+      if (st.kind == StmtKind::Nested) continue;
       for (const Block& body : st.bodies)
         if (StmtKind k = terminal_of(body); k == StmtKind::Throw || k == StmtKind::Forbidden) return k;
     }
     return StmtKind::Fill;
   }
+  static Outcome outcome_of(StmtKind terminal) {
+    if (terminal == StmtKind::Throw) return Outcome::User;
+    if (terminal == StmtKind::Forbidden) return Outcome::Cuda;
+    return Outcome::Ok;
+  }
 
   void collect(const Block& block, GraphM& g) {
     for (const Stmt& st : block) {
       if (st.kind == StmtKind::SideAlloc) continue;
+      if (st.kind == StmtKind::Nested) {
+        if (st.flag != 0) continue;
+        g.touches.insert(res_pool(st.inner_pool));
+        const bool conditional = g.conditional;
+        collect(st.bodies[0], g);
+        g.conditional = conditional;  // the child holds none (CUDA refuses that)
+        continue;
+      }
       for (int uid : {st.dst, st.src})
         if (uid != 0) {
           g.buffers.push_back(uid);
@@ -1221,28 +1873,40 @@ class Model {
       for (const Block& body : st.bodies) collect(body, g);
     }
   }
+  //! The buffers and resources a program uses, and whether it holds conditional nodes.
+  GraphM usage(const Block& program) {
+    GraphM u;
+    collect(program, u);
+    std::sort(u.buffers.begin(), u.buffers.end());
+    u.buffers.erase(std::unique(u.buffers.begin(), u.buffers.end()), u.buffers.end());
+    return u;
+  }
 
   int cap_stream_uid(const CaptureSide& c) const {
     return c.stream_mode == StreamMode::Explicit || c.stream_mode == StreamMode::Guard ? stream_uid(c.stream) : side_uid;
   }
 
-  //! The pool a capture goes into: CaptureOptions, else GraphOptions, else a new private pool.
+  //! The pool a capture goes into: CaptureOptions, else the graph's, else a new private pool.
   int capture_pool(const CaptureSide& c) {
-    if (c.pool >= 0) return s_.shared[c.pool];
-    if (s_.graphs[c.slot].opt_pool >= 0) return s_.graphs[c.slot].opt_pool;
-    return s_.next_pool++;
+    const int pool = effective_pool(c);
+    return pool >= 0 ? pool : s_.next_pool++;
   }
 
-  //! The graph after a successful capture of `c` into (pool, seq).
-  GraphM captured(const CaptureSide& c, const GraphM& options, std::pair<int, long> at) {
-    GraphM g = options;
+  //! The graph after a successful capture of `c` into (pool, seq). It keeps the capture's pool
+  //! when the capture had one or made one (it allocated).
+  GraphM captured(const CaptureSide& c, const GraphM& before, std::pair<int, long> at) {
+    GraphM g = before;
+    const bool had_pool = c.pool >= 0 || before.gpool >= 0;
     g.captured = true;
     g.pool = at.first;
     g.seq = at.second;
+    if (had_pool || allocates(c.program)) g.gpool = at.first;
     g.program = c.program;
-    collect(g.program, g);
-    std::sort(g.buffers.begin(), g.buffers.end());
-    g.buffers.erase(std::unique(g.buffers.begin(), g.buffers.end()), g.buffers.end());
+    const GraphM u = usage(g.program);
+    g.buffers = u.buffers;
+    g.touches = u.touches;
+    g.conditional = u.conditional;
+    g.stage_state = 0;
     return g;
   }
 
@@ -1257,10 +1921,8 @@ class Model {
         }
         const StmtKind terminal = terminal_of(op.cap.program);
         const auto at = run_capture(op, op.cap);
-        if (terminal == StmtKind::Throw || terminal == StmtKind::Forbidden) {
-          op.cap.expect = terminal == StmtKind::Throw ? Outcome::User : Outcome::Cuda;
-          break;  // abandoned: the graph holds nothing
-        }
+        op.cap.expect = outcome_of(terminal);
+        if (op.cap.expect != Outcome::Ok) break;  // abandoned: the graph holds nothing
         g = captured(op.cap, g, at);
         break;
       }
@@ -1288,122 +1950,449 @@ class Model {
         (void)run_capture(op, op.cap);
         destroy_graph(op.cap.slot);
         break;
-      case Variant::GraphReset: (void)run_capture(op, op.cap); break;  // still the same, empty, graph
+      case Variant::GraphReset:
+        (void)run_capture(op, op.cap);
+        reset_graph(g);  // an empty graph again, with a new bundle
+        break;
       case Variant::MovedMidCapture: {
         const GraphM done = captured(op.cap, g, run_capture(op, op.cap));
+        destroy_graph(op.cap2.slot);
         s_.graphs[op.cap2.slot] = done;
-        s_.graphs[op.cap.slot] = moved_from();  // moved-from: a default-constructed graph
+        s_.graphs[op.cap.slot] = fresh_graph();  // moved-from: a default-constructed graph
         break;
       }
     }
     op.expect = op.cap.expect;
   }
 
+  // ---- updates ----
+
+  bool fill_update(Op& op) {
+    const std::vector<int> any = graph_slots_where(-1);
+    const std::vector<int> captured_slots = graph_slots_where(1);
+    if (any.empty()) return false;
+    int slot = -1;
+    if (captured_slots.empty() || rng_.percent(6)) {
+      slot = rng_.pick(any);  // nothing captured yet: usage_error
+    } else {
+      // Mostly the sequences that found defects: a graph staged and replayed (defect 3), a
+      // graph whose captures allocated nothing yet (defects 1 and 2).
+      std::vector<int> staged, poolless;
+      for (int i : captured_slots) {
+        if (s_.graphs[i].stage_state == 2) staged.push_back(i);
+        if (s_.graphs[i].gpool < 0) poolless.push_back(i);
+      }
+      const int r = rng_.below(100);
+      slot = r < 35 && !staged.empty() ? rng_.pick(staged) : (r < 65 && !poolless.empty() ? rng_.pick(poolless) : rng_.pick(captured_slots));
+    }
+    op.cap = gen_side(slot, {});
+    op.cap.pool = rng_.percent(8) ? rng_.below(shared_pools) : -1;  // only the graph's own pool is accepted
+    GenCtx ctx = context();
+    ctx.nested_excluded = {slot};
+    if (op.cap.stream_mode == StreamMode::Explicit || op.cap.stream_mode == StreamMode::Guard) ctx.side_streams_excluded.insert(op.cap.stream);
+    const GraphM& g = s_.graphs[slot];
+    if (g.captured && rng_.percent(65)) {
+      bool exact = true;
+      ctx.budget = 1000;
+      op.cap.program = gen_like(ctx, g.program, 0, exact);
+      std::string before, after;
+      if (exact && (!shape(g.program, before) || !shape(op.cap.program, after) || before != after))
+        fail("gen_like made another shape: " + before + " -> " + after);
+    } else {
+      op.cap.program = gen_block(ctx, 0, 5);
+    }
+    maybe_terminal(ctx, op.cap.program, 10, true);
+    return true;
+  }
+
+  void apply_update(Op& op) {
+    GraphM& g = s_.graphs[op.cap.slot];
+    if (!g.captured || (op.cap.pool >= 0 && s_.shared[op.cap.pool] != g.gpool)) {
+      op.expect = Outcome::Usage;  // nothing to update, or another pool: refused before the body runs
+      op.cap.expect = op.expect;
+      return;
+    }
+    const bool had_pool = g.gpool >= 0;
+    const int pool = had_pool ? g.gpool : s_.next_pool++;
+    const long seq = run_body(op, op.cap, pool, g.instance);
+    op.expect = outcome_of(terminal_of(op.cap.program));
+    op.cap.expect = op.expect;
+    if (op.expect != Outcome::Ok) return;  // the graph still runs its old work
+    op.update_outcome = allowed("update_outcome") ? predict_update(g.program, op.cap.program) : 0;
+    if (g.stage_state > 0) stats_.updates_of_staged += 1;
+    if (!had_pool && allocates(op.cap.program)) {
+      stats_.update_adopted_pool += 1;
+      forced_.push_front(simple_op(OpKind::Check));  // the pool checks see a pool that was not adopted at once
+    }
+    g.program = op.cap.program;
+    g.seq = seq;
+    g.pool = pool;
+    if (had_pool || allocates(g.program)) g.gpool = pool;
+    const GraphM u = usage(g.program);
+    g.buffers = u.buffers;
+    g.touches = u.touches;
+    g.conditional = u.conditional;
+    stats_.updates_with_conditionals += g.conditional;
+    // In place, the copy node keeps the state a replay left it in: the next staged call must
+    // turn it on again. Recompiled, it starts enabled.
+    if (g.stage_state >= 2 && op.update_outcome != 2) g.stage_state = 3;
+    else if (g.stage_state > 0) g.stage_state = 1;
+  }
+
   // ---- replays ----
 
   bool fill_round(Op& op) {
     std::map<int, std::vector<int>> by_pool;  // pool -> replayable graph slots
-    for (int i = 0; i < graph_slots; ++i)
-      if (replayable(s_.graphs[i])) by_pool[s_.graphs[i].pool].push_back(i);
+    std::vector<int> armed;                   // staged, replayed, updated in place: stage them again
+    for (int i = 0; i < graph_slots; ++i) {
+      if (!replayable(s_.graphs[i])) continue;
+      by_pool[s_.graphs[i].pool].push_back(i);
+      if (s_.graphs[i].stage_state == 3) armed.push_back(i);
+    }
     if (by_pool.empty()) return false;
+    const bool stage_ok = allowed("stage");
+    const int focus = !armed.empty() && stage_ok && rng_.percent(80) ? rng_.pick(armed) : -1;
     std::vector<int> pools;
     for (const auto& [pool, slots] : by_pool) pools.push_back(pool);
-    std::vector<int> slots = by_pool[rng_.pick(pools)];
+    std::vector<int> slots = by_pool[focus >= 0 ? s_.graphs[focus].pool : rng_.pick(pools)];
     // Capture order; a subsequence of it keeps that order (the pool contract).
     std::sort(slots.begin(), slots.end(), [&](int x, int y) { return s_.graphs[x].seq < s_.graphs[y].seq; });
     std::vector<int> chosen;
     for (int sl : slots)
-      if (slots.size() == 1 || rng_.percent(80)) chosen.push_back(sl);
+      if (sl == focus || slots.size() == 1 || rng_.percent(80)) chosen.push_back(sl);
     if (chosen.empty()) chosen.push_back(slots.front());
     op.stream = any_stream();
     for (int sl : chosen) {
       ReplayItem item;
       item.slot = sl;
       const GraphM& g = s_.graphs[sl];
-      const bool stage = allowed("stage") && (!g.conditional || allowed("stage_conditional"));
-      item.how = rng_.weighted({45, 15, stage ? 25 : 0, stage ? 15 : 0});
-      if (item.how >= 2) {
-        const int pairs = rng_.between(1, 2);
-        std::vector<int> statics;
-        for (int p = 0; p < pairs; ++p) {
-          std::vector<int> candidates;
-          for (int b = 0; b < buffer_slots; ++b) {
-            if (s_.buf[b] == 0 || std::find(statics.begin(), statics.end(), b) != statics.end()) continue;
-            const bool read_by_graph = std::binary_search(g.buffers.begin(), g.buffers.end(), s_.buf[b]);
-            if (read_by_graph || rng_.percent(30)) candidates.push_back(b);
-          }
-          if (candidates.empty()) break;
-          StagePair pair;
-          pair.static_slot = rng_.pick(candidates);
-          pair.static_uid = s_.buf[pair.static_slot];
-          statics.push_back(pair.static_slot);
-          pair.input = rng_.weighted({40, 35, 25});
-          pair.base = rng_.word();
-          pair.stride = small();
-          item.pairs.push_back(pair);
-        }
-        for (StagePair& pair : item.pairs) {
-          if (pair.input != 0) continue;
-          std::vector<int> inputs;
-          for (int b : buffer_slots_where(s_.buffers.at(pair.static_uid).n))
-            if (std::find(statics.begin(), statics.end(), b) == statics.end()) inputs.push_back(b);
-          if (inputs.empty()) {
-            pair.input = 1;
-            continue;
-          }
-          pair.input_slot = rng_.pick(inputs);
-          pair.input_uid = s_.buf[pair.input_slot];
-        }
-        if (item.pairs.empty()) item.how -= 2;
-      }
+      const bool stage = stage_ok && (!g.conditional || allowed("stage_conditional"));
+      item.how = sl == focus ? 2 + rng_.below(2) : rng_.weighted({45, 15, stage ? 25 : 0, stage ? 15 : 0});
+      if (item.how >= 2) fill_pairs(item, g, sl == focus);
       op.items.push_back(std::move(item));
     }
     return true;
   }
 
+  //! The static buffers and inputs of a staged replay of `g`. Mostly buffers the graph reads
+  //! but does not write, so that a Check sees what the copy left there.
+  void fill_pairs(ReplayItem& item, const GraphM& g, bool device_inputs) {
+    std::set<int> writes;
+    written(g.program, writes);
+    const int pairs = rng_.between(1, 2);
+    std::vector<int> statics;
+    for (int p = 0; p < pairs; ++p) {
+      std::vector<int> candidates;
+      for (int b = 0; b < buffer_slots; ++b) {
+        if (s_.buf[b] == 0 || std::find(statics.begin(), statics.end(), b) != statics.end()) continue;
+        const bool read_by_graph = std::binary_search(g.buffers.begin(), g.buffers.end(), s_.buf[b]);
+        const bool written_by_graph = writes.count(s_.buf[b]) != 0;
+        if ((read_by_graph && !written_by_graph) || rng_.percent(written_by_graph ? 15 : 30)) candidates.push_back(b);
+      }
+      if (candidates.empty()) break;
+      StagePair pair;
+      pair.static_slot = rng_.pick(candidates);
+      pair.static_uid = s_.buf[pair.static_slot];
+      statics.push_back(pair.static_slot);
+      pair.input = device_inputs ? rng_.below(2) : rng_.weighted({40, 35, 25});
+      pair.base = rng_.word();
+      pair.stride = small();
+      item.pairs.push_back(pair);
+    }
+    for (StagePair& pair : item.pairs) {
+      if (pair.input != 0) continue;
+      std::vector<int> inputs;
+      for (int b : buffer_slots_where(s_.buffers.at(pair.static_uid).n))
+        if (std::find(statics.begin(), statics.end(), b) == statics.end()) inputs.push_back(b);
+      if (inputs.empty()) {
+        pair.input = 1;
+        continue;
+      }
+      pair.input_slot = rng_.pick(inputs);
+      pair.input_uid = s_.buf[pair.input_slot];
+    }
+    if (item.pairs.empty()) item.how -= 2;
+  }
+
+  //! Resources a replay of `program` (captured into `pool`) touches.
+  void replay_resources(const Block& program, int pool, std::set<u64>& out) {
+    const GraphM u = usage(program);
+    out.insert(u.touches.begin(), u.touches.end());
+    std::set<int> pools{pool};
+    nested_pools(program, pools);
+    for (int p : pools) pool_resources(p, out);
+  }
+
   void apply_round(Op& op) {
     const int su = stream_uid(op.stream);
     const int pool = s_.graphs[op.items.front().slot].pool;
-    std::set<u64> touched{res_pool(pool)};
+    std::set<u64> touched;
     for (const ReplayItem& item : op.items) {
       const GraphM& g = s_.graphs[item.slot];
-      touched.insert(g.touches.begin(), g.touches.end());
+      replay_resources(g.program, g.pool, touched);
       for (const StagePair& p : item.pairs) {
         buffer_resources(p.static_uid, touched);
         if (p.input == 0) buffer_resources(p.input_uid, touched);
       }
     }
-    // Memory of pool `pool` allocated by later captures may lie where this pool's earlier graphs
-    // keep their temporaries: every buffer of the pool counts as touched.
-    for (const auto& [uid, b] : s_.buffers)
-      if (b.pool == pool) touched.insert(res_buffer(uid));
     issue(op, su, touched);
     for (const ReplayItem& item : op.items) {
-      const GraphM g = s_.graphs[item.slot];
+      GraphM& g = s_.graphs[item.slot];
       if (g.pool != pool || !replayable(g)) fail("round over graphs that cannot replay together");
       // The copies come first (a node in front of the graph), all reading before any writes.
       std::vector<std::pair<int, Value>> staged;
       for (const StagePair& p : item.pairs) staged.emplace_back(p.static_uid, p.input == 0 ? value(p.input_uid) : sequence(p.base, p.stride));
       for (const auto& [uid, v] : staged) value(uid) = v;
-      // Then the graph, which may overwrite, with its temporaries, pool memory that captures
-      // after it allocated (that is why graphs sharing a pool replay in capture order). Its
-      // program cannot name such buffers: they did not exist when it was captured. Nor can its
-      // statements before an allocation name what that allocation returns, but they may have
-      // used the memory as a temporary: a tensor allocated inside a conditional body holds
-      // garbage after a replay that skips the body.
-      for (auto& [uid, b] : s_.buffers)
-        if (b.pool == pool && (b.seq > g.seq || (b.seq == g.seq && b.in_body))) {
-          stats_.clobbered += b.value.known;
-          b.value = Value{};
+      const bool by_node = std::any_of(item.pairs.begin(), item.pairs.end(), [](const StagePair& p) { return p.input != 2; });
+      if (by_node) {  // the copy node ran
+        if (g.stage_state == 3) {
+          stats_.staged_after_in_place_update += 1;
+          forced_.push_front(simple_op(OpKind::Check));
         }
+        g.stage_state = 1;
+      } else if (g.stage_state == 1 || g.stage_state == 3) {
+        g.stage_state = 2;  // a launch without the copy node: its nodes are off now
+      }
+      clobber(g.pool, g.seq);
       if (g.conditional) (item.pairs.empty() ? stats_.conditional_replays : stats_.staged_conditional_replays) += 1;
       run(g.program);
+    }
+  }
+
+  // ---- GraphBuckets ----
+
+  bool fill_bucket_new(Op& op) {
+    static const std::vector<std::vector<std::size_t>> ladders = {{1, 2, 4}, {2, 3}, {1, 4, 8}, {3}, {1, 2, 3, 5}};
+    op.a = rng_.below(bucket_slots);
+    op.stream = any_stream();
+    BucketSpec& b = op.bucket;
+    b.ladder = ladders[static_cast<std::size_t>(rng_.below(static_cast<int>(ladders.size())))];
+    b.k = static_cast<std::size_t>(rng_.between(1, 4));
+    b.lazy = rng_.percent(75);
+    b.share = rng_.percent(30);
+    b.zero_fill = rng_.percent(40);
+    b.overflow_throw = rng_.percent(25);
+    b.max_exec = static_cast<std::size_t>(rng_.weighted({50, 30, 20}));
+    b.pool = rng_.percent(30) ? rng_.below(shared_pools) : -1;
+    b.a1 = small();
+    b.b1 = rng_.word();
+    b.a2 = small();
+    b.b2 = rng_.word();
+    b.x0 = rng_.word();
+    b.xs = small();
+    b.y0 = rng_.word();
+    b.ys = small();
+    return true;
+  }
+
+  bool fill_bucket_run(Op& op) {
+    std::vector<int> live;
+    for (int i = 0; i < bucket_slots; ++i)
+      if (s_.buckets[i].exists) live.push_back(i);
+    if (live.empty()) return false;
+    op.a = rng_.pick(live);
+    const BucketSpec& b = s_.buckets[op.a].spec;
+    op.sub = rng_.weighted({45, 35, 8, 4});
+    op.n = rng_.percent(4) ? 0 : static_cast<std::size_t>(rng_.between(1, static_cast<int>(b.ladder.back()) + 2));
+    op.stream = any_stream();
+    op.b = rng_.percent(65) ? 0 : 1;
+    op.x = rng_.word();
+    op.y = small();
+    op.z = static_cast<u32>(rng_.percent(8) && allowed("throw"));
+    return true;
+  }
+
+  //! The ladder index for n: -1 above the ladder.
+  static int bucket_index(const BucketSpec& b, std::size_t n) {
+    for (std::size_t i = 0; i < b.ladder.size(); ++i)
+      if (b.ladder[i] >= n) return static_cast<int>(i);
+    return -1;
+  }
+
+  // GraphBuckets' least-recently-used bookkeeping, as its documentation states it.
+  void bucket_touch(BucketM& b, int i) { b.last_use[static_cast<std::size_t>(i)] = ++b.clock; }
+  void bucket_capture(BucketM& b, int i) {
+    b.captured[static_cast<std::size_t>(i)] = true;
+    b.seq[static_cast<std::size_t>(i)] = s_.next_seq++;
+    stats_.bucket_captures += 1;
+    bucket_touch(b, i);
+    if (b.spec.share || b.spec.max_exec == 0) return;
+    std::size_t held = 0;
+    int oldest = -1;
+    for (int j = 0; j < static_cast<int>(b.captured.size()); ++j) {
+      if (!b.captured[static_cast<std::size_t>(j)] || j == i) continue;
+      ++held;
+      if (oldest < 0 || b.last_use[static_cast<std::size_t>(j)] < b.last_use[static_cast<std::size_t>(oldest)]) oldest = j;
+    }
+    if (held >= b.spec.max_exec) {
+      b.captured[static_cast<std::size_t>(oldest)] = false;
+      stats_.bucket_evictions += 1;
+    }
+  }
+  //! The body over `rows` rows: y = a2 * (a1 * x + b1) + b2 on the first k * rows elements.
+  static void bucket_body(BucketM& b, std::size_t rows) {
+    for (std::size_t e = 0; e < b.spec.k * rows; ++e) b.y[e] = b.spec.a2 * (b.spec.a1 * b.x[e] + b.spec.b1) + b.spec.b2;
+  }
+
+  void destroy_bucket_buffers(Op& op, int slot) {
+    BucketM& b = s_.buckets[slot];
+    if (!b.buffers) return;
+    sync_users(op, res_bucket(b.id), 0);  // freed in order on the stream that made them, which no run uses
+    b = BucketM{};
+  }
+
+  void apply_bucket_new(Op& op) {
+    destroy_bucket_buffers(op, op.a);
+    BucketM& b = s_.buckets[op.a];
+    b.exists = b.buffers = true;
+    b.id = s_.next_uid++;
+    b.spec = op.bucket;
+    b.pool = op.bucket.pool >= 0 ? s_.shared[op.bucket.pool] : s_.next_pool++;
+    const std::size_t cap = b.spec.capacity();
+    b.x.resize(cap);
+    b.y.resize(cap);
+    for (std::size_t e = 0; e < cap; ++e) {
+      b.x[e] = sequence(b.spec.x0, b.spec.xs).at(e);
+      b.y[e] = sequence(b.spec.y0, b.spec.ys).at(e);
+    }
+    const std::size_t buckets = b.spec.ladder.size();
+    b.captured.assign(buckets, false);
+    b.last_use.assign(buckets, 0);
+    b.seq.assign(buckets, 0);
+    if (!b.spec.lazy)
+      for (int i = static_cast<int>(buckets) - 1; i >= 0; --i) bucket_capture(b, i);  // largest first
+  }
+
+  void apply_bucket_run(Op& op) {
+    BucketM& b = s_.buckets[op.a];
+    const int i = op.n == 0 ? -1 : bucket_index(b.spec, op.n);
+    if (op.sub == 2) {  // capture_all: nothing runs
+      for (int j = static_cast<int>(b.spec.ladder.size()) - 1; j >= 0; --j)
+        if (!b.captured[static_cast<std::size_t>(j)]) {
+          if (op.z != 0) {
+            op.expect = Outcome::User;  // the first capture throws: the ones before it stay
+            return;
+          }
+          bucket_capture(b, j);
+        }
+      return;
+    }
+    if (op.n == 0 || op.sub == 3 || (i < 0 && b.spec.overflow_throw)) {
+      op.expect = Outcome::Usage;  // checked before anything is issued
+      return;
+    }
+    const bool staged = op.sub == 1;
+    const std::size_t rows = i < 0 ? op.n : b.spec.ladder[static_cast<std::size_t>(i)];
+    std::set<u64> touched{res_bucket(b.id)};
+    if (i >= 0) pool_resources(b.pool, touched);
+    issue(op, stream_uid(op.stream), touched);
+    if (i >= 0 && !b.captured[static_cast<std::size_t>(i)]) {
+      if (op.z != 0) {
+        op.expect = Outcome::User;  // the bucket stays uncaptured; nothing was issued
+        stats_.bucket_throws += 1;
+        return;
+      }
+      bucket_capture(b, i);
+    }
+    if (staged) {
+      stats_.bucket_staged_runs += 1;
+      if (b.spec.zero_fill && rows > op.n) {
+        stats_.bucket_zero_fills += 1;
+        for (std::size_t e = b.spec.k * op.n; e < b.spec.k * rows; ++e) b.x[e] = 0;
+      }
+      for (std::size_t e = 0; e < b.spec.k * op.n; ++e) b.x[e] = sequence(op.x, op.y).at(e);
+    }
+    if (i < 0) {
+      stats_.bucket_eager_runs += 1;
+      if (op.z != 0) {
+        op.expect = Outcome::User;  // the body throws before it issues anything (the copies ran)
+        return;
+      }
+      bucket_body(b, rows);
+      return;
+    }
+    bucket_touch(b, i);
+    stats_.bucket_shared_runs += b.spec.share;
+    clobber(b.pool, b.seq[static_cast<std::size_t>(i)]);
+    bucket_body(b, rows);
+  }
+
+  // ---- PiecewiseGraph ----
+
+  bool fill_piece_append(Op& op) {
+    std::vector<int> live;
+    for (int i = 0; i < piece_slots; ++i)
+      if (s_.pieces[i].exists) live.push_back(i);
+    if (live.empty()) return false;
+    op.a = rng_.pick(live);
+    op.sub = rng_.percent(65) ? 0 : 1;
+    GenCtx ctx = context();
+    if (op.sub == 1) {
+      ctx.eager = true;
+      op.b = rng_.below(2);
+      op.cap.program = gen_block(ctx, 0, 3);
+      return true;
+    }
+    op.cap = gen_side(0, {});
+    op.cap.slot = -1;
+    op.cap.pool = rng_.percent(10) ? rng_.below(shared_pools) : -1;
+    ctx.flat = true;
+    if (op.cap.stream >= 0) ctx.side_streams_excluded.insert(op.cap.stream);
+    op.cap.program = gen_block(ctx, 0, 4);
+    maybe_terminal(ctx, op.cap.program, 8, true);
+    return true;
+  }
+
+  void apply_piece_append(Op& op) {
+    PiecewiseM& p = s_.pieces[op.a];
+    if (op.sub == 1) {
+      p.pieces.push_back(PieceM{true, op.cap.program, 0});
+      p.count += 1;
+      return;
+    }
+    if (op.cap.pool >= 0 && s_.shared[op.cap.pool] != p.pool) {
+      op.expect = op.cap.expect = Outcome::Usage;  // another pool: refused first
+      return;
+    }
+    const long seq = run_body(op, op.cap, p.pool, p.instance);
+    op.expect = op.cap.expect = outcome_of(terminal_of(op.cap.program));
+    if (op.expect != Outcome::Ok) return;  // not appended
+    p.pieces.push_back(PieceM{false, op.cap.program, seq});
+    p.count += 1;
+  }
+
+  bool piece_replayable(const PiecewiseM& p) {
+    for (const PieceM& piece : p.pieces)
+      if (!alive(usage(piece.program).buffers)) return false;
+    return true;
+  }
+
+  void apply_piece_replay(Op& op) {
+    PiecewiseM& p = s_.pieces[op.a];
+    if (p.pieces.empty()) {
+      op.expect = Outcome::Usage;
+      return;
+    }
+    if (!piece_replayable(p)) fail("replay of a PiecewiseGraph whose buffer is gone");
+    std::set<u64> touched;
+    for (const PieceM& piece : p.pieces) replay_resources(piece.program, p.pool, touched);
+    issue(op, stream_uid(op.stream), touched);
+    stats_.piece_replays += 1;
+    for (const PieceM& piece : p.pieces) {
+      if (piece.step) {
+        stats_.piece_steps += 1;
+      } else {
+        clobber(p.pool, piece.seq);
+      }
+      run(piece.program);
     }
   }
 
   // ---- apply ----
 
   void apply(Op& op) {
+    for (int object : s_.checked_released) s_.retained.erase(object);
+    s_.checked_released.clear();
     switch (op.kind) {
       case OpKind::NewStream: {
         destroy_stream(op.a);
@@ -1462,29 +2451,22 @@ class Model {
         break;
       case OpKind::NewGraph: {
         const int shared = static_cast<int>(op.x);
-        s_.graphs[op.a] = GraphM{};
-        s_.graphs[op.a].exists = true;
-        s_.graphs[op.a].opt_pool = shared >= 0 ? s_.shared[shared] : -1;
-        s_.graphs[op.a].opt_shared = shared;
-        s_.graphs[op.a].opt_mode = static_cast<int>(op.y);
+        destroy_graph(op.a);
+        GraphM& g = s_.graphs[op.a];
+        g = fresh_graph();
+        g.opt_pool = shared >= 0 ? s_.shared[shared] : -1;
+        g.opt_shared = shared;
+        g.opt_mode = static_cast<int>(op.y);
+        g.gpool = g.opt_pool;
         break;
       }
       case OpKind::DestroyGraph: destroy_graph(op.a); break;
       case OpKind::MoveGraph:
+        destroy_graph(op.b);
         s_.graphs[op.b] = s_.graphs[op.a];
-        s_.graphs[op.a] = moved_from();  // moved-from: a default-constructed graph
+        s_.graphs[op.a] = fresh_graph();  // moved-from: a default-constructed graph
         break;
-      case OpKind::ResetGraph: {
-        GraphM& g = s_.graphs[op.a];
-        g.captured = false;
-        g.seq = 0;
-        g.pool = -1;
-        g.conditional = false;
-        g.program.clear();
-        g.buffers.clear();
-        g.touches.clear();
-        break;
-      }
+      case OpKind::ResetGraph: reset_graph(s_.graphs[op.a]); break;
       case OpKind::Capture: apply_capture(op); break;
       case OpKind::Round: apply_round(op); break;
       case OpKind::ReplayEmpty:
@@ -1492,11 +2474,9 @@ class Model {
       case OpKind::StageMisuse: op.expect = Outcome::Usage; break;
       case OpKind::DebugDump: op.expect = s_.graphs[op.a].captured ? Outcome::Ok : Outcome::Usage; break;
       case OpKind::PoolChecks:
-        for (int i = 0; i < graph_slots; ++i) {
-          const GraphM& g = s_.graphs[i];
-          const int k = shared_index(g.captured ? g.pool : g.opt_pool);
-          if (g.exists && k >= 0) op.pool_expectations.emplace_back(i, k);
-        }
+        // Graph::pool() of every graph: one without a pool makes one now (and captures into it).
+        for (GraphM& g : s_.graphs)
+          if (g.exists && g.gpool < 0) g.gpool = s_.next_pool++;
         break;
       case OpKind::DropPool:
         // The test's handle to shared pool a is replaced by a new pool: the old one lives on in
@@ -1507,15 +2487,51 @@ class Model {
       case OpKind::Check:
         op.syncs.push_back(-1);
         device_sync();
+        note_retained();
         break;
-      case OpKind::Quiesce:
+      case OpKind::Update: apply_update(op); break;
+      case OpKind::Retain: s_.retained[static_cast<int>(op.x)] = s_.graphs[op.a].bundle; break;
+      case OpKind::BucketNew: apply_bucket_new(op); break;
+      case OpKind::BucketRun: apply_bucket_run(op); break;
+      case OpKind::BucketDestroy:
+        if (op.sub == 1) destroy_bucket_buffers(op, op.a);
+        else s_.buckets[op.a].exists = false;  // its buffers stay (its runs may still use them)
+        break;
+      case OpKind::PieceNew: {
+        PiecewiseM& p = s_.pieces[op.a];
+        p = PiecewiseM{};
+        p.exists = true;
+        p.opt_shared = static_cast<int>(op.x);
+        p.pool = p.opt_shared >= 0 ? s_.shared[p.opt_shared] : s_.next_pool++;
+        p.instance = s_.next_uid++;
+        break;
+      }
+      case OpKind::PieceAppend: apply_piece_append(op); break;
+      case OpKind::PieceReplay: apply_piece_replay(op); break;
+      case OpKind::PieceDestroy: s_.pieces[op.a] = PiecewiseM{}; break;
+      case OpKind::Quiesce: {
         op.syncs.push_back(-1);
         device_sync();
+        note_retained();
+        // Nothing is alive now: only the bundles of objects still to be checked are needed.
+        std::set<int> needed;
+        for (const auto& [object, bundle] : s_.retained) needed.insert(bundle);
+        std::erase_if(s_.bundles, [&](const auto& entry) { return !needed.count(entry.first); });
         for (int k = 0; k < shared_pools; ++k) {  // the test makes new shared pools
           s_.shared[k] = s_.next_pool++;
           s_.ever_shared.insert(s_.shared[k]);
         }
         break;
+      }
+    }
+  }
+
+  //! After a Check: retained objects that must be gone now are forgotten at the next operation.
+  void note_retained() {
+    for (const auto& [object, bundle] : s_.retained) {
+      const int e = retained_expectation(s_, object);
+      (e > 0 ? stats_.retained_alive : (e < 0 ? stats_.retained_released : stats_.retained_unknown)) += 1;
+      if (e < 0) s_.checked_released.insert(object);
     }
   }
 
@@ -1531,11 +2547,16 @@ class Model {
     for (int c : s_.counter)
       if (c < -1 || c > max_count) fail("counter out of [-1, " + std::to_string(max_count) + "]: " + std::to_string(c));
     std::map<int, int> private_users;
+    std::set<int> instances;
     for (const GraphM& g : s_.graphs) {
       if (!g.exists && g.captured) fail("a destroyed graph is captured");
       if (g.captured && (g.pool < 0 || g.seq <= 0)) fail("a captured graph without pool or sequence");
       if (g.captured && !s_.ever_shared.count(g.pool) && ++private_users[g.pool] > 1) fail("two graphs in one private pool");
+      if (g.exists && (!s_.bundles.count(g.bundle) || !s_.bundles.at(g.bundle).owner)) fail("a live graph without its bundle");
+      if (g.exists && !instances.insert(g.instance).second) fail("two graphs of one instance");
     }
+    for (const BucketM& b : s_.buckets)
+      if (b.exists && !b.buffers) fail("a GraphBuckets without its buffers");
     for (const auto& [uid, resources] : s_.pending) {
       if (resources.empty()) continue;
       if (uid != legacy_uid && stream_slot_of(uid) < 0 && !s_.dead.count(uid))

@@ -3,14 +3,18 @@
 // Each step draws an operation (seed: TENSORPLAY_MODEL_SEED; count: TENSORPLAY_MODEL_OPS, default
 // 100000, 10000 under compute-sanitizer), lets the model predict its outcome and the values every
 // buffer will hold, then runs it on the GPU and checks the outcome; Check operations compare every
-// buffer, flag and counter with the model. The first
+// buffer, flag and counter with the model, every pool's allocated_bytes (the tensors' pools, the
+// shared pools, the graphs', buckets' and piecewise graphs' pools, the default pool) and which
+// retained objects are alive. The first
 // failure stops the run and prints the seed, the operation index and the last 20 operations:
 // TENSORPLAY_MODEL_SEED=<seed> TENSORPLAY_MODEL_QUIESCE=<interval> TENSORPLAY_MODEL_OPS=<index + 1>
 // replays it (the quiesce interval, by default a tenth of the count, shapes what is drawn).
 // A watchdog ends the process when no operation completes for TENSORPLAY_MODEL_STALL_S seconds
 // (default 120), printing the trace: a hang fails instead of blocking the suite.
 // TENSORPLAY_MODEL_WITHOUT=<names> leaves out operations, statements or capture variants (by the
-// names the trace prints; also "stage", "stage_conditional"), e.g. while a known defect is fixed.
+// names the trace prints; also "stage", "stage_conditional", "capture_pool_override", and the
+// checks "update_outcome", "pool_bytes", "default_pool_bytes", "retained"), e.g. while a known
+// defect is fixed.
 //
 // The model is exact because of its ordering rule (see model_host.hpp): before work on one
 // stream touches what unfinished work on another stream touches, that other stream is
@@ -41,6 +45,21 @@
 //  A9 Graphs, tensors, streams and pools may die in any order: a graph while its replays run on
 //     the GPU, a stream while a graph captured on it lives, a tensor after its stream and graph.
 //  A10 stage_and_launch works on graphs that contain conditional nodes.
+//  A11 Graph::pool() is the pool of the graph's last capture when that capture had or made one
+//     (CaptureOptions::pool included, whatever GraphOptions::pool said): the pool that holds its
+//     executable's memory. An update captures into that pool; one of a graph that has none yet
+//     makes one when it allocates, and the graph keeps it. Without a pool, Check does not call
+//     pool() (which would make one); PoolChecks does, and the model follows.
+//  A12 update() whose body throws, or whose capture CUDA invalidates, leaves the graph running its
+//     old work (what it allocated stays allocated). A program of the same shape (model_host.hpp,
+//     shape()) is applied in place (Updated); one with other kernel counts around the same
+//     conditional nodes is Reinstantiated.
+//  A13 A retained object is alive while its Graph lives (not reset) and while a graph it was
+//     replayed into runs a program that holds it; once neither holds it and the device is idle,
+//     its destructor (on the library's reaper thread) runs within 20 s.
+//  A14 A replay into a capture (a child-graph node) keeps working after the inner Graph died,
+//     also inside conditional bodies; a graph with conditional nodes, or without a capture, is
+//     refused with usage_error and the capture goes on.
 #include "model_host.hpp"
 #include "support.hpp"
 
@@ -64,6 +83,8 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -201,6 +222,82 @@ class Watchdog {
   std::thread thread_;
 };
 
+//! Which retained objects are alive. Their destructors run on tensorplay's reaper thread, maybe
+//! after the run that made them: never destroyed, and keyed by run and model id.
+class RetainedObjects {
+ public:
+  static RetainedObjects& instance() {
+    static auto* objects = new RetainedObjects;
+    return *objects;
+  }
+  void born(std::int64_t id) {
+    std::lock_guard lock(mutex_);
+    alive_.insert(id);
+  }
+  void died(std::int64_t id) {
+    std::lock_guard lock(mutex_);
+    alive_.erase(id);
+  }
+  [[nodiscard]] bool alive(std::int64_t id) const {
+    std::lock_guard lock(mutex_);
+    return alive_.count(id) != 0;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::set<std::int64_t> alive_;
+};
+
+//! What Graph::retain keeps: its destruction is recorded.
+class RetainedToken {
+ public:
+  explicit RetainedToken(std::int64_t id) : id_(id) { RetainedObjects::instance().born(id_); }
+  RetainedToken(const RetainedToken&) = delete;
+  RetainedToken& operator=(const RetainedToken&) = delete;
+  ~RetainedToken() { RetainedObjects::instance().died(id_); }
+
+ private:
+  std::int64_t id_;
+};
+
+//! A move-only object to retain (the other retain overload).
+class MoveOnlyRetained {
+ public:
+  explicit MoveOnlyRetained(std::int64_t id) : token_(std::make_unique<RetainedToken>(id)) {}
+  MoveOnlyRetained(MoveOnlyRetained&&) noexcept = default;
+  MoveOnlyRetained& operator=(MoveOnlyRetained&&) noexcept = default;
+
+ private:
+  std::unique_ptr<RetainedToken> token_;
+};
+
+class Executor;
+
+//! The body of a GraphBuckets slot (model_host.hpp, BucketSpec).
+struct BucketBody {
+  Executor* executor;
+  int slot;
+  void operator()(tp::StreamRef stream, std::size_t size) const;
+};
+
+//! One eager kernel of a PiecewiseGraph step, on pointers taken when it was appended.
+struct StepKernel {
+  bool affine = false;
+  const int* src = nullptr;
+  int* dst = nullptr;
+  std::size_t n = 0;
+  mdl::u32 a = 0, b = 0;
+};
+
+void run_step(const std::vector<StepKernel>& kernels, tp::StreamRef s) {
+  for (const StepKernel& k : kernels) {
+    if (k.affine)
+      affine_sequence<<<1, 256, 0, s>>>(k.src, k.dst, k.n, k.a, k.b);
+    else
+      fill_sequence<<<1, 256, 0, s>>>(k.dst, k.n, k.a, k.b);
+  }
+}
+
 //! Runs operations on the GPU and checks them against what the model expects. Slots mirror the
 //! model's: run() must leave the same objects alive that the model's state says are.
 class Executor {
@@ -211,13 +308,30 @@ class Executor {
     std::size_t rss;
   };
 
-  Executor() : checker_(), bad_(2, checker_) {
+  explicit Executor(std::set<std::string> without = {}) : checker_(), bad_(2, checker_), without_(std::move(without)) {
     for (int k = 0; k < mdl::shared_pools; ++k) pools_[static_cast<std::size_t>(k)] = tp::graph_pool_handle();
     for (int f = 0; f < mdl::flag_count; ++f) flags_.emplace_back(1, checker_);
     for (int c = 0; c < mdl::counter_count; ++c) counters_.emplace_back(1, checker_);
     for (auto& f : flags_) store_bool<<<1, 1, 0, checker_>>>(f.data(), false);  // the model starts with false and 0
     for (auto& c : counters_) store_int<<<1, 1, 0, checker_>>>(c.data(), 0);
     checker_.synchronize();
+    static std::int64_t runs = 0;
+    objects_base_ = ++runs << 32;
+    const mdl::State start;
+    for (int k = 0; k < mdl::shared_pools; ++k) same_pool(start.shared[static_cast<std::size_t>(k)], pools_[static_cast<std::size_t>(k)], "a shared pool");
+    const tp::Pool default_pool = tp::Pool::default_for(bad_.device());
+    same_pool(mdl::default_pool, default_pool, "the default pool");
+    default_base_ = default_pool.allocated_bytes();  // the fixed tensors above, and what the process holds
+  }
+
+  //! The body of GraphBuckets slot `slot` for a bucket of `size` rows (BucketSpec).
+  void bucket_body(int slot, tp::StreamRef s, std::size_t size) {
+    if (bucket_throw_) throw BodyError{};  // before anything is issued
+    BucketSlot& b = buckets_[static_cast<std::size_t>(slot)];
+    const std::size_t n = b.spec.k * size;
+    tp::DeviceTensor<int> temp(n, s);  // the bucket's pool while it is captured, else the default pool
+    affine(b.x->data(), temp.data(), n, b.spec.a1, b.spec.b1, s);
+    affine(temp.data(), b.y->data(), n, b.spec.a2, b.spec.b2, s);
   }
 
   //! Runs `op` (the model already applied it: `after` is the state once its work completes).
@@ -250,6 +364,7 @@ class Executor {
   void fail(const std::string& why) {
     if (error_.empty()) error_ = why;
   }
+  [[nodiscard]] bool allowed_check(const char* what) const { return !without_.count(what); }
   void require(cudaError_t status, const char* call) {
     if (status != cudaSuccess) fail(std::string(call) + " failed: " + cudaGetErrorName(status));
   }
@@ -379,6 +494,7 @@ class Executor {
         tp::GraphOptions options;
         if (static_cast<int>(op.x) >= 0) options.pool = pools_[op.x];
         options.capture_error_mode = static_cast<tp::CaptureErrorMode>(op.y);
+        options.upload = op.z != 0;
         put(graphs_[op.a], tp::Graph(options));
         break;
       }
@@ -430,18 +546,152 @@ class Executor {
         expect_call(mdl::Outcome::Usage, "Pool(PoolId{})", [] { (void)tp::Pool(tp::PoolId{}); });
         for (const tp::Pool& pool : pools_)
           if (!(tp::Pool(pool.id()) == pool)) fail("Pool(id) of a live shared pool is another pool");
-        for (const auto& [slot, k] : op.pool_expectations)
-          if (graph(slot).pool_id() != pools_[static_cast<std::size_t>(k)].id())
-            fail("graph g" + std::to_string(slot) + " does not report shared pool " + std::to_string(k) + " as its pool");
+        // Graph::pool() of every graph (the model made a pool for those that had none): the
+        // shared ones by identity, every one by its allocated bytes.
+        for (int i = 0; i < mdl::graph_slots; ++i) {
+          if (!after.graphs[i].exists) continue;
+          const tp::Pool pool = graph(i).pool();
+          if (graph(i).pool_id() != pool.id()) fail("g" + std::to_string(i) + ": pool_id() is not pool().id()");
+          same_pool(after.graphs[i].gpool, pool, "g" + std::to_string(i) + ".pool()");
+        }
+        check_pools(after);
         break;
       }
-      case mdl::OpKind::DropPool: pools_[static_cast<std::size_t>(op.a)] = tp::graph_pool_handle(); break;
-      case mdl::OpKind::Check: compare(after); break;
+      case mdl::OpKind::DropPool:
+        pools_[static_cast<std::size_t>(op.a)] = tp::graph_pool_handle();
+        same_pool(after.shared[op.a], pools_[static_cast<std::size_t>(op.a)], "a new shared pool");
+        break;
+      case mdl::OpKind::Check:
+        compare(after);
+        check_pools(after);
+        check_retained(after);
+        break;
       case mdl::OpKind::Quiesce: {
         for (tp::Pool& pool : pools_) pool = tp::graph_pool_handle();  // the old pools die here (no user left)
+        for (int k = 0; k < mdl::shared_pools; ++k) same_pool(after.shared[k], pools_[static_cast<std::size_t>(k)], "a new shared pool");
         require(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+        check_retained(after);
+        check_pools(after);
         quiesced_.push_back({index_, device_used_bytes(), tp_test::resident_bytes()});
         break;
+      }
+      case mdl::OpKind::Update: update(op); break;
+      case mdl::OpKind::Retain: {
+        const std::int64_t id = objects_base_ + static_cast<std::int64_t>(op.x);
+        expect_call(mdl::Outcome::Ok, "retain", [&] {
+          if (op.sub == 0)
+            graph(op.a).retain(std::make_shared<RetainedToken>(id));  // the graph holds the only reference
+          else
+            graph(op.a).retain(MoveOnlyRetained(id));
+        });
+        break;
+      }
+      case mdl::OpKind::BucketNew: bucket_new(op); break;
+      case mdl::OpKind::BucketRun: bucket_run(op, after); break;
+      case mdl::OpKind::BucketDestroy: {
+        BucketSlot& b = buckets_[static_cast<std::size_t>(op.a)];
+        b.b.reset();  // its runs may still run (A9)
+        if (op.sub == 1) {
+          b.y.reset();
+          b.x.reset();
+        }
+        break;
+      }
+      case mdl::OpKind::PieceNew: {
+        tp::GraphOptions options;
+        if (static_cast<int>(op.x) >= 0) options.pool = pools_[op.x];
+        pieces_[static_cast<std::size_t>(op.a)].reset();
+        pieces_[static_cast<std::size_t>(op.a)].emplace(options);
+        break;
+      }
+      case mdl::OpKind::PieceAppend: piece_append(op, after); break;
+      case mdl::OpKind::PieceReplay:
+        expect_call(op.expect, "PiecewiseGraph::replay", [&] { piece(op.a).replay(stream(op.stream)); });
+        break;
+      case mdl::OpKind::PieceDestroy: pieces_[static_cast<std::size_t>(op.a)].reset(); break;
+    }
+  }
+
+  tp::PiecewiseGraph& piece(int slot) {
+    auto& p = pieces_[static_cast<std::size_t>(slot)];
+    if (!p) {
+      fail("piecewise slot " + std::to_string(slot) + " is empty here but not in the model");
+      p.emplace();
+    }
+    return *p;
+  }
+
+  // ---- pools and retained objects ----
+
+  //! Model pool `model` is the real pool `pool`: the same one each time it is seen, and no other
+  //! model pool is that pool.
+  void same_pool(int model, const tp::Pool& pool, const std::string& what) {
+    if (!pool) {
+      fail(what + ": an empty Pool");
+      return;
+    }
+    const std::uint64_t real = pool.id().serial();
+    const auto [at, added] = real_of_.emplace(model, real);
+    if (!added && at->second != real) {
+      fail(what + " is pool #" + std::to_string(real) + ", but model pool " + std::to_string(model) + " was pool #" +
+           std::to_string(at->second) + " (a pool that was not adopted, or a capture into another pool)");
+      return;
+    }
+    const auto [back, fresh] = model_of_.emplace(real, model);
+    if (!fresh && back->second != model)
+      fail(what + " is pool #" + std::to_string(real) + ", which is model pool " + std::to_string(back->second) +
+           ", not model pool " + std::to_string(model) + " (two pools the model keeps apart are one)");
+  }
+
+  void pool_bytes(int model, const tp::Pool& pool, const mdl::State& st, const std::string& what) {
+    same_pool(model, pool, what);
+    if (!error_.empty() || !allowed_check("pool_bytes")) return;
+    const std::size_t expected = mdl::allocated_in(st, model) + (model == mdl::default_pool ? default_base_ : 0);
+    const std::size_t got = pool.allocated_bytes();
+    if (got != expected)
+      fail(what + ": allocated_bytes() is " + std::to_string(got) + ", the model says " + std::to_string(expected) + " (model pool " +
+           std::to_string(model) + ")");
+  }
+
+  //! Every pool the test can reach: each tensor's, the shared ones, the graphs' (those that have
+  //! one: pool() would make one), the buckets' and the piecewise graphs', and the default pool.
+  void check_pools(const mdl::State& st) {
+    for (int i = 0; i < mdl::buffer_slots && error_.empty(); ++i)
+      if (st.buf[i] != 0) pool_bytes(st.buffers.at(st.buf[i]).pool, buffer(i).pool(), st, "the pool of b" + std::to_string(i));
+    for (int k = 0; k < mdl::shared_pools && error_.empty(); ++k)
+      pool_bytes(st.shared[k], pools_[static_cast<std::size_t>(k)], st, "shared pool " + std::to_string(k));
+    for (int i = 0; i < mdl::graph_slots && error_.empty(); ++i)
+      if (st.graphs[i].exists && st.graphs[i].gpool >= 0) pool_bytes(st.graphs[i].gpool, graph(i).pool(), st, "g" + std::to_string(i) + ".pool()");
+    for (int i = 0; i < mdl::bucket_slots && error_.empty(); ++i)
+      if (st.buckets[i].exists) pool_bytes(st.buckets[i].pool, buckets_[static_cast<std::size_t>(i)].b->pool(), st, "the pool of buckets k" + std::to_string(i));
+    for (int i = 0; i < mdl::piece_slots && error_.empty(); ++i)
+      if (st.pieces[i].exists) pool_bytes(st.pieces[i].pool, piece(i).pool(), st, "the pool of piecewise p" + std::to_string(i));
+    if (error_.empty() && allowed_check("default_pool_bytes"))
+      pool_bytes(mdl::default_pool, tp::Pool::default_for(bad_.device()), st, "the default pool");
+  }
+
+  //! Retained objects: alive while held, released (within a bounded wait: the reaper thread runs
+  //! the destructors) once the device is idle and nothing holds them.
+  void check_retained(const mdl::State& st) {
+    if (!allowed_check("retained")) return;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (const auto& [object, bundle] : st.retained) {
+      const std::int64_t id = objects_base_ + object;
+      const int expected = mdl::retained_expectation(st, object);
+      if (expected > 0 && !RetainedObjects::instance().alive(id)) {
+        fail("retained object " + std::to_string(object) + " (bundle " + std::to_string(bundle) + ") died while a graph holds it");
+        return;
+      }
+      if (expected < 0) {
+        while (RetainedObjects::instance().alive(id) && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          (void)cudaStreamQuery(checker_);  // a CUDA call, in case CUDA releases deferred user objects in one
+        }
+        if (RetainedObjects::instance().alive(id)) {
+          fail("retained object " + std::to_string(object) + " (bundle " + std::to_string(bundle) +
+               ") is still alive 20 s after nothing holds it and the device is idle");
+          return;
+        }
       }
     }
   }
@@ -454,6 +704,13 @@ class Executor {
       if (graphs_[i].has_value() != st.graphs[i].exists) fail("graph slot " + std::to_string(i) + " differs from the model");
     for (int i = 0; i < mdl::stream_slots; ++i)
       if (streams_[i].has_value() != (st.stream[i] != 0)) fail("stream slot " + std::to_string(i) + " differs from the model");
+    for (int i = 0; i < mdl::bucket_slots; ++i) {
+      const BucketSlot& b = buckets_[static_cast<std::size_t>(i)];
+      if (b.b.has_value() != st.buckets[i].exists || b.x.has_value() != st.buckets[i].buffers)
+        fail("bucket slot " + std::to_string(i) + " differs from the model");
+    }
+    for (int i = 0; i < mdl::piece_slots; ++i)
+      if (pieces_[static_cast<std::size_t>(i)].has_value() != st.pieces[i].exists) fail("piecewise slot " + std::to_string(i) + " differs from the model");
   }
 
   void compare(const mdl::State& st) {
@@ -474,6 +731,21 @@ class Executor {
                " (= " + std::to_string(expected.value.base) + " + i * " + std::to_string(expected.value.stride) + ")");
           return;
         }
+      }
+    }
+    for (int i = 0; i < mdl::bucket_slots && error_.empty(); ++i) {
+      const mdl::BucketM& m = st.buckets[i];
+      if (!m.buffers) continue;
+      const BucketSlot& b = buckets_[static_cast<std::size_t>(i)];
+      for (int which = 0; which < 2 && error_.empty(); ++which) {
+        const std::vector<int> got = (which == 0 ? *b.x : *b.y).to_host(checker_);
+        const std::vector<mdl::u32>& want = which == 0 ? m.x : m.y;
+        for (std::size_t e = 0; e < want.size(); ++e)
+          if (static_cast<mdl::u32>(got[e]) != want[e]) {
+            fail(std::string("buckets k") + std::to_string(i) + (which == 0 ? " x[" : " y[") + std::to_string(e) + "] is " +
+                 std::to_string(static_cast<mdl::u32>(got[e])) + ", the model says " + std::to_string(want[e]));
+            break;
+          }
       }
     }
     for (int f = 0; f < mdl::flag_count; ++f) {
@@ -612,7 +884,7 @@ class Executor {
   //! graph's innermost capture stream and this thread's current stream.
   void enter(Emit& e, tp::StreamRef s, bool check_current = true) {
     e.seen.push_back(s.get());
-    if (s != e.graph->capture_stream()) fail("the stream handed to a body is not Graph::capture_stream()");
+    if (e.graph != nullptr && s != e.graph->capture_stream()) fail("the stream handed to a body is not Graph::capture_stream()");
     if (check_current && tp::current_stream() != s) fail("inside a capture or body, current_stream() is not the capture stream");
   }
 
@@ -629,7 +901,7 @@ class Executor {
   }
 
   void emit(const mdl::Stmt& st, Emit& e, tp::StreamRef s) {
-    tp::Graph& g = *e.graph;
+    tp::Graph* g = e.graph;  // null in a PiecewiseGraph segment (no conditional statements there)
     switch (st.kind) {
       case mdl::StmtKind::Fill: fill(buffer(st.dst_slot).data(), st.n, st.a, st.b, s, e.broken); break;
       case mdl::StmtKind::Affine:
@@ -690,16 +962,28 @@ class Executor {
         if (st.pred != mdl::PredForm::Tensor) emit_switch(st, e, CounterValue{counter_at(st.index).data()});
         break;
       case mdl::StmtKind::BadPredicate: {
-        const std::size_t depth = g.conditional_depth();
-        expect_call(mdl::Outcome::Usage, "if_ with a two-element predicate", [&] { g.if_(bad_, [] {}); });
-        if (!g.is_capturing() || g.conditional_depth() != depth) fail("a refused if_ changed the capture");
+        const std::size_t depth = g->conditional_depth();
+        expect_call(mdl::Outcome::Usage, "if_ with a two-element predicate", [&] { g->if_(bad_, [] {}); });
+        if (!g->is_capturing() || g->conditional_depth() != depth) fail("a refused if_ changed the capture");
         break;
       }
       case mdl::StmtKind::EndWithoutBody:
         expect_call(mdl::Outcome::Usage, "end_capture_to_conditional_node with no body open",
-                    [&] { g.end_capture_to_conditional_node(); });
-        if (!g.is_capturing()) fail("a refused end_capture_to_conditional_node ended the capture");
+                    [&] { g->end_capture_to_conditional_node(); });
+        if (!g->is_capturing()) fail("a refused end_capture_to_conditional_node ended the capture");
         break;
+      case mdl::StmtKind::Nested: {  // A14
+        tp::Graph& inner = graph(st.index);
+        expect_call(st.flag != 0 ? mdl::Outcome::Usage : mdl::Outcome::Ok, "replay of g" + std::to_string(st.index) + " into the capture",
+                    [&] {
+                      if (st.form == mdl::BodyForm::LambdaWithStream)
+                        inner.replay(s);
+                      else
+                        inner.replay();  // the current stream is the capture's (or the body's)
+                    });
+        if (tp_test::not_capturing(s)) fail("a replay into the capture ended it");
+        break;
+      }
       case mdl::StmtKind::Throw: throw BodyError{};
       case mdl::StmtKind::Forbidden:
         // Refused while capturing: the capture is invalidated (see gpu.md). The error this call
@@ -936,6 +1220,176 @@ class Executor {
     }
   }
 
+  // ---- updates ----
+
+  void update(const mdl::Op& op) {
+    const mdl::CaptureSide& c = op.cap;
+    std::optional<tp::StreamGuard> guard;
+    if (c.stream_mode == mdl::StreamMode::Guard) guard.emplace(stream(c.stream));
+    const tp::StreamRef before = tp::current_stream();
+    tp::Graph& g = graph(c.slot);
+    const tp::CaptureOptions options = options_for(c);
+    Emit e{&g};
+    std::optional<tp::UpdateResult> result;
+    expect_call(c.expect, "update", [&] {
+      if (c.body_takes_stream)
+        result = g.update([&](tp::StreamRef s) {
+          enter(e, s);
+          emit_block(c.program, e, s);
+        }, options);
+      else
+        result = g.update([&] {
+          const tp::StreamRef s = tp::current_stream();
+          enter(e, s);
+          emit_block(c.program, e, s);
+        }, options);
+    });
+    after_capture(e, &g, before, ~std::size_t{0});
+    if (!result) return;
+    const bool in_place = result->outcome == tp::UpdateOutcome::Updated;
+    if (in_place && (result->reason != cudaGraphExecUpdateSuccess || result->error_node))
+      fail("update: Updated, with a reason or an error node");
+    if (op.update_outcome != 0 && in_place != (op.update_outcome == 1))
+      fail(std::string("update: expected ") + (op.update_outcome == 1 ? "Updated" : "Reinstantiated") + ", got " +
+           (in_place ? "Updated" : "Reinstantiated") + " (reason " + std::string(tp::to_string(result->reason)) + ")");
+  }
+
+  // ---- PiecewiseGraph ----
+
+  void piece_append(const mdl::Op& op, const mdl::State& after) {
+    tp::PiecewiseGraph& p = piece(op.a);
+    const mdl::CaptureSide& c = op.cap;
+    if (op.sub == 1) {  // a step: the kernels' pointers are taken now, as a capture would
+      std::vector<StepKernel> kernels;
+      for (const mdl::Stmt& st : c.program) {
+        StepKernel k;
+        k.affine = st.kind == mdl::StmtKind::Affine;
+        k.dst = buffer(st.dst_slot).data();
+        k.src = k.affine ? buffer(st.src_slot).data() : nullptr;
+        k.n = st.n;
+        k.a = st.a;
+        k.b = st.b;
+        kernels.push_back(k);
+      }
+      if (op.b == 1)
+        p.eager([kernels] { run_step(kernels, tp::current_stream()); });
+      else
+        p.eager([kernels](tp::StreamRef s) { run_step(kernels, s); });
+    } else {
+      std::optional<tp::StreamGuard> guard;
+      if (c.stream_mode == mdl::StreamMode::Guard) guard.emplace(stream(c.stream));
+      const tp::StreamRef before = tp::current_stream();
+      const tp::CaptureOptions options = options_for(c);
+      Emit e{nullptr};
+      expect_call(c.expect, "PiecewiseGraph::capture", [&] {
+        if (c.body_takes_stream)
+          p.capture([&](tp::StreamRef s) {
+            enter(e, s);
+            emit_block(c.program, e, s);
+          }, options);
+        else
+          p.capture([&] {
+            const tp::StreamRef s = tp::current_stream();
+            enter(e, s);
+            emit_block(c.program, e, s);
+          }, options);
+      });
+      after_capture(e, nullptr, before, ~std::size_t{0});
+    }
+    if (p.segments() != after.pieces[op.a].count)
+      fail("PiecewiseGraph::segments() is " + std::to_string(p.segments()) + ", the model says " + std::to_string(after.pieces[op.a].count));
+  }
+
+  // ---- GraphBuckets ----
+
+  //! A GraphBuckets slot: its buffers, then the object (destroyed first).
+  struct BucketSlot {
+    mdl::BucketSpec spec;
+    std::optional<tp::DeviceTensor<int>> x, y;
+    std::optional<tp::GraphBuckets<BucketBody>> b;
+  };
+
+  void bucket_new(const mdl::Op& op) {
+    BucketSlot& b = buckets_[static_cast<std::size_t>(op.a)];
+    b.b.reset();
+    b.y.reset();
+    b.x.reset();
+    b.spec = op.bucket;
+    const std::size_t cap = b.spec.capacity();
+    b.x.emplace(cap, checker_);
+    b.y.emplace(cap, checker_);
+    b.x->copy_from_host(host_sequence(cap, b.spec.x0, b.spec.xs), checker_);
+    b.y->copy_from_host(host_sequence(cap, b.spec.y0, b.spec.ys), checker_);
+    checker_.synchronize();
+    tp::BucketOptions options;
+    if (b.spec.pool >= 0) options.pool = pools_[static_cast<std::size_t>(b.spec.pool)];
+    options.lazy = b.spec.lazy;
+    options.max_executables = b.spec.max_exec;
+    options.overflow = b.spec.overflow_throw ? tp::Overflow::Throw : tp::Overflow::Eager;
+    options.share_executables = b.spec.share;
+    options.zero_fill_tail = b.spec.zero_fill;
+    expect_call(mdl::Outcome::Ok, "GraphBuckets", [&] {
+      under(op.stream, [&] { b.b.emplace(b.spec.ladder, BucketBody{this, op.a}, options); });  // lazy = false captures on the current stream
+    });
+  }
+
+  void bucket_run(const mdl::Op& op, const mdl::State& after) {
+    BucketSlot& slot = buckets_[static_cast<std::size_t>(op.a)];
+    if (!slot.b) {
+      fail("bucket slot " + std::to_string(op.a) + " is empty here but not in the model");
+      return;
+    }
+    auto& b = *slot.b;
+    const tp::StreamRef s = stream(op.stream);
+    const mdl::BucketM& m = after.buckets[op.a];
+    std::optional<std::size_t> ran;
+    bucket_throw_ = op.z != 0;
+    if (op.sub == 0) {
+      expect_call(op.expect, "GraphBuckets::run", [&] { ran = b.run(op.n, s); });
+    } else if (op.sub == 2) {
+      expect_call(op.expect, "GraphBuckets::capture_all", [&] { b.capture_all(s); });
+    } else {
+      const std::size_t size = op.sub == 3 ? m.spec.capacity() + 1 : m.spec.k * op.n;
+      const std::vector<int> values = host_sequence(size, op.x, op.y);
+      std::optional<tp::DeviceTensor<int>> fresh;  // freed after the call, in order on s
+      std::vector<int> host = values;
+      std::span<int> host_span(host);
+      if (op.b == 0) {
+        fresh.emplace(size, s);
+        if (size != 0) fresh->copy_from_host(values, s);
+      }
+      expect_call(op.expect, "GraphBuckets::run (staged)", [&] {
+        if (fresh)
+          ran = b.run(op.n, std::tie(*slot.x), std::tie(*fresh), s);
+        else
+          ran = b.run(op.n, std::tie(*slot.x), std::tie(host_span), s);
+      });
+    }
+    bucket_throw_ = false;
+    // What the buckets say of themselves.
+    const std::vector<std::size_t>& ladder = m.spec.ladder;
+    std::size_t captured = 0;
+    for (std::size_t i = 0; i < ladder.size(); ++i) {
+      captured += m.captured[i];
+      if (b.is_captured(ladder[i]) != m.captured[i])
+        fail("buckets k" + std::to_string(op.a) + ": is_captured(" + std::to_string(ladder[i]) + ") is " +
+             std::to_string(b.is_captured(ladder[i])) + ", the model says " + std::to_string(m.captured[i]));
+    }
+    const std::size_t held = b.executables();
+    if (m.spec.share ? (held > captured || (captured > 0 && held == 0)) : held != captured)
+      fail("buckets k" + std::to_string(op.a) + ": executables() is " + std::to_string(held) + " with " + std::to_string(captured) + " buckets captured");
+    if (op.n > 0) {
+      std::size_t bucket = 0;
+      for (std::size_t size : ladder)
+        if (size >= op.n) {
+          bucket = size;
+          break;
+        }
+      if (b.bucket_for(op.n) != bucket) fail("buckets k" + std::to_string(op.a) + ": bucket_for(" + std::to_string(op.n) + ") is wrong");
+      if (ran && *ran != (bucket == 0 ? op.n : bucket)) fail("buckets k" + std::to_string(op.a) + ": run returned " + std::to_string(*ran));
+    }
+  }
+
   // Declaration order = reverse destruction order: graphs die first, then tensors, streams, pools.
   tp::Stream checker_;  // compares; never destroyed during the run
   tp::DeviceTensor<bool> bad_;
@@ -945,10 +1399,20 @@ class Executor {
   std::array<std::optional<tp::Stream>, mdl::stream_slots> streams_;
   std::array<std::optional<tp::DeviceTensor<int>>, mdl::buffer_slots> bufs_;
   std::array<std::optional<tp::Graph>, mdl::graph_slots> graphs_;
+  std::array<BucketSlot, mdl::bucket_slots> buckets_;
+  std::array<std::optional<tp::PiecewiseGraph>, mdl::piece_slots> pieces_;
+  std::set<std::string> without_;
+  std::map<int, std::uint64_t> real_of_;  // model pool -> the serial of the real pool it was seen as
+  std::map<std::uint64_t, int> model_of_;
+  std::size_t default_base_ = 0;          // the default pool's bytes that are not the model's
+  std::int64_t objects_base_ = 0;         // retained objects of this run: objects_base_ + model id
+  bool bucket_throw_ = false;             // the bucket body throws (BucketRun z)
   std::string error_;
   long index_ = 0;
   std::vector<Sample> quiesced_;
 };
+
+void BucketBody::operator()(tp::StreamRef stream, std::size_t size) const { executor->bucket_body(slot, stream, size); }
 
 std::string stats_line(const mdl::Stats& s) {
   std::ostringstream out;
@@ -965,6 +1429,15 @@ std::string stats_line(const mdl::Stats& s) {
       << ", conditional graphs replayed/staged " << s.conditional_replays << '/' << s.staged_conditional_replays
       << ", values clobbered by pool order " << s.clobbered << ", stage inputs buffer/fresh/host " << s.stage_inputs[0] << '/'
       << s.stage_inputs[1] << '/' << s.stage_inputs[2] << ", stream/device syncs " << s.stream_syncs << '/' << s.device_syncs;
+  out << "\nupdates: predicted either/updated/reinstantiated " << s.update_predictions[0] << '/' << s.update_predictions[1] << '/'
+      << s.update_predictions[2] << ", of staged graphs " << s.updates_of_staged << ", with conditionals " << s.updates_with_conditionals
+      << ", pools adopted by an update " << s.update_adopted_pool << ", staged after an in-place update " << s.staged_after_in_place_update
+      << "\nnested replays run " << s.nested_runs << ", refused " << s.nested_refused << ", inside bodies " << s.nested_in_bodies
+      << ", after the inner graph died " << s.nested_after_inner_died << "; retained objects checked alive/released/either "
+      << s.retained_alive << '/' << s.retained_released << '/' << s.retained_unknown << "\nbuckets: captures " << s.bucket_captures
+      << ", evictions " << s.bucket_evictions << ", eager runs " << s.bucket_eager_runs << ", staged runs " << s.bucket_staged_runs
+      << ", zero-filled tails " << s.bucket_zero_fills << ", shared-executable runs " << s.bucket_shared_runs << ", bodies thrown "
+      << s.bucket_throws << "; piecewise replays " << s.piece_replays << ", steps run " << s.piece_steps;
   return out.str();
 }
 
@@ -1018,6 +1491,28 @@ BOOST_AUTO_TEST_CASE(model_is_deterministic_per_seed_and_never_predicts_an_impos
       {"stream synchronisations", stats.stream_syncs},
       {"device synchronisations", stats.device_syncs},
       {"synchronisations for destroyed streams", stats.dead_stream_syncs},
+      {"updates predicted either way", stats.update_predictions[0]},
+      {"updates predicted in place", stats.update_predictions[1]},
+      {"updates predicted reinstantiated", stats.update_predictions[2]},
+      {"updates of staged graphs", stats.updates_of_staged},
+      {"updates with conditional nodes", stats.updates_with_conditionals},
+      {"updates that allocated, of a graph without a pool (defects 1, 2)", stats.update_adopted_pool},
+      {"stage, replay, update in place, stage (defect 3)", stats.staged_after_in_place_update},
+      {"nested replays run", stats.nested_runs},
+      {"nested replays refused", stats.nested_refused},
+      {"nested replays inside conditional bodies", stats.nested_in_bodies},
+      {"nested replays after the inner graph died", stats.nested_after_inner_died},
+      {"retained objects checked alive", stats.retained_alive},
+      {"retained objects checked released", stats.retained_released},
+      {"bucket captures", stats.bucket_captures},
+      {"bucket evictions (max_executables)", stats.bucket_evictions},
+      {"eager bucket runs above the ladder", stats.bucket_eager_runs},
+      {"staged bucket runs", stats.bucket_staged_runs},
+      {"zero-filled tails", stats.bucket_zero_fills},
+      {"runs of shared executables", stats.bucket_shared_runs},
+      {"bucket bodies that threw", stats.bucket_throws},
+      {"piecewise replays", stats.piece_replays},
+      {"piecewise eager steps run", stats.piece_steps},
   };
   for (const auto& [what, count] : situations) BOOST_TEST(count > 0, what);
 }
@@ -1052,7 +1547,7 @@ ModelRun run_model(mdl::u64 seed, long ops, long quiesce_every) {
   const char* without_env = std::getenv("TENSORPLAY_MODEL_WITHOUT");
   const std::string without_text = without_env != nullptr ? without_env : "";
   mdl::Model model(seed, quiesce_every, comma_list(without_text));
-  Executor executor;
+  Executor executor(comma_list(without_text));
   Trace trace;
   ModelRun run;
   const std::string replay_hint = (without_text.empty() ? "" : "TENSORPLAY_MODEL_WITHOUT=" + without_text + " ") +
@@ -1060,8 +1555,14 @@ ModelRun run_model(mdl::u64 seed, long ops, long quiesce_every) {
                                   " TENSORPLAY_MODEL_QUIESCE=" + std::to_string(quiesce_every) + " TENSORPLAY_MODEL_OPS=";
   Watchdog watchdog(trace, tp_test::env_or("TENSORPLAY_MODEL_STALL_S", 120), replay_hint + "<the last index + 1>");
   // No Boost assertion inside the loop: the log keeps every assertion, which would grow the RSS
-  // this test watches. The first failure ends the run.
+  // this test watches. The first failure ends the run. TENSORPLAY_MODEL_PROGRESS=<n> prints a
+  // line every n operations (how fast a run goes, where a killed run was).
+  const long progress = tp_test::env_or("TENSORPLAY_MODEL_PROGRESS", 0);
+  const auto start = std::chrono::steady_clock::now();
   for (long i = 0; i <= ops; ++i) {
+    if (progress > 0 && i % progress == 0)
+      std::cerr << "model_test: seed " << seed << ", operation " << i << " of " << ops << " after "
+                << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s" << std::endl;
     const mdl::Op op = i < ops ? model.next(i) : model.check_now();  // a last Check at the end
     trace.add(i, mdl::describe(op));
     std::string error = model.error();
@@ -1090,9 +1591,12 @@ TP_GPU_TEST(random_operations_match_the_host_model) {
   // The quiesce interval shapes the operations drawn: the replay hint names it, so that a
   // shorter replay (TENSORPLAY_MODEL_OPS=<index + 1>) draws the same operations.
   const long quiesce_every = tp_test::env_or("TENSORPLAY_MODEL_QUIESCE", std::max(ops / 10, 200L));
+  const auto start = std::chrono::steady_clock::now();
   const ModelRun run = run_model(seed, ops, quiesce_every);
   if (!run.passed) return;
-  BOOST_TEST_MESSAGE("seed " << seed << ", " << ops << " operations\n" << run.stats);
+  BOOST_TEST_MESSAGE("seed " << seed << ", " << ops << " operations in "
+                             << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n"
+                             << run.stats);
   const std::size_t peak_early = run.peak_early;
   const std::size_t peak_late = run.peak_late;
 
@@ -1148,8 +1652,12 @@ BOOST_AUTO_TEST_CASE(random_operations_of_six_more_seeds_match_the_host_model,
   const long ops = tp_test::env_or("TENSORPLAY_MODEL_SEED_OPS", 20000);
   int passed = 0;
   for (const std::string& seed : seeds) {
+    const auto start = std::chrono::steady_clock::now();
     const ModelRun run = run_model(std::stoull(seed), ops, std::max(ops / 10, 200L));
     passed += run.passed ? 1 : 0;
+    BOOST_TEST_MESSAGE("seed " << seed << ": " << (run.passed ? "passed " : "FAILED ") << ops << " operations in "
+                               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n"
+                               << run.stats);
   }
   BOOST_TEST(passed == static_cast<int>(seeds.size()));
   BOOST_TEST_MESSAGE(passed << " of " << seeds.size() << " seeds passed " << ops << " operations each");
