@@ -16,13 +16,13 @@
 // before it measures. The parent runs the timings and prints one table.
 //
 // Until GraphBuckets::estimate / memory and Graph::executable_bytes exist, the same computations
-// are reached through graph/bucket_memory.hpp and detail/exec_memory.hpp directly (the table says
+// are reached through graph/detail/bucket_memory.hpp and detail/exec_memory.hpp directly (the table says
 // which).
 #include "bench_util.hpp"
 
 #include <tensorplay/cublas.hpp>
 #include <tensorplay/graph.hpp>
-#include <tensorplay/graph/bucket_memory.hpp>
+#include <tensorplay/graph/detail/bucket_memory.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -1,6 +1,6 @@
 // Tests for memory you can see and plan: Pool::stats (pool.hpp, detail/caching_allocator.hpp),
 // the executable-memory model (detail/exec_memory.hpp), Graph::executable_bytes, and
-// GraphBuckets::estimate / memory (graph/bucket_memory.hpp).
+// GraphBuckets::estimate / memory (graph/detail/bucket_memory.hpp).
 //
 // The cases that measure the driver with cudaMemGetInfo come first: the driver keeps what a
 // destroyed executable held for later ones, so cases that destroy executables must run after.
@@ -9,7 +9,7 @@
 #include "support.hpp"
 
 #include <tensorplay/graph.hpp>
-#include <tensorplay/graph/bucket_memory.hpp>
+#include <tensorplay/graph/detail/bucket_memory.hpp>
 
 #include <boost/test/unit_test.hpp>
 

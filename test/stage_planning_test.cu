@@ -1,4 +1,4 @@
-// Tests of stage_and_launch's planning on the host (tensorplay/graph/staging.hpp): the full
+// Tests of stage_and_launch's planning on the host (tensorplay/graph/detail/staging.hpp): the full
 // planning (plan_pairs), the overlap search (overlapped_static) and the fast path of calls onto
 // the static buffers of the last call (same_batched_plan). Tensors of a test type that knows its
 // device stand in for device memory: planning them makes no CUDA call, so these cases need no

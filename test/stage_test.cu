@@ -390,7 +390,7 @@ TP_GPUS_TEST(stage_and_launch_without_stream_launches_on_the_graphs_device_whate
   BOOST_REQUIRE_EQUAL(cudaSetDevice(0), cudaSuccess);
 }
 
-// ---- calls onto the static buffers of the last call (same_batched_plan, CopyNode::restage) ------------
+// ---- calls onto the static buffers of the last call (same_batched_plan, StagingNodes::restage) ------------
 
 namespace {
 // out_k of an AffineGraph<N> after staging `values` (one value per input): 2 * value + k.

@@ -35,12 +35,12 @@
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/error.hpp>
-#include <tensorplay/graph/bucket_memory.hpp>
-#include <tensorplay/graph/executable.hpp>
+#include <tensorplay/graph/detail/bucket_memory.hpp>
+#include <tensorplay/graph/detail/executable.hpp>
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/graph/options.hpp>
 #include <tensorplay/graph/piecewise.hpp>
-#include <tensorplay/graph/staging.hpp>
+#include <tensorplay/graph/detail/staging.hpp>
 #include <tensorplay/pool.hpp>
 #include <tensorplay/stream.hpp>
 #include <tensorplay/tensor.hpp>
@@ -118,7 +118,7 @@ std::span<element_t<T>> front_of(const T& t, std::size_t count) noexcept {
 }
 
 //! Copies every input onto its static buffer with one copy per pair, in stream order, with
-//! stage_and_launch's checks and copy semantics (for runs without a copy node of their own).
+//! stage_and_launch's checks and copy semantics (for runs without staging nodes of their own).
 template <class... S, class... I>
 void stage_by_copies(const std::tuple<S...>& statics, const std::tuple<I&...>& inputs, int device, cudaStream_t stream,
                      const tensorplay::source_location& where) {
@@ -205,7 +205,7 @@ class GraphBuckets {
   //! its static buffer must hold k elements per sample of the bucket run (sized for the largest
   //! bucket, it does; for eager runs above the ladder it must hold k * n). With zero_fill_tail,
   //! elements k*n up to k*bucket of each static buffer are set to zero first. Graph-owned buckets
-  //! copy through their graph's copy node (Graph::stage_and_launch); shared executables, piecewise
+  //! copy through their graph's staging nodes (Graph::stage_and_launch); shared executables, piecewise
   //! buckets and eager runs with one copy per input. The checks and copy semantics are those of
   //! stage_and_launch (conversions, host and peer inputs, overlaps refused).
   //!

@@ -1,7 +1,7 @@
 // tensorplay/graph/conditional_scope.hpp: ConditionalScope, IfScope, WhileScope.
 #pragma once
 
-#include <tensorplay/graph/conditional_builder.hpp>
+#include <tensorplay/graph/detail/conditional_builder.hpp>
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/stream.hpp>
 #include <tensorplay/tensor.hpp>

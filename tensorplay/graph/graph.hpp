@@ -1,11 +1,11 @@
 // tensorplay/graph/graph.hpp: Graph: capture work on a stream, compile it, replay it, change it.
 //
-// Graph keeps the public API and forwards to its parts:
+// Graph keeps the public API and forwards to its parts, in graph/detail/:
 //   capture_session.hpp      an open capture: begin, end, abandon, bodies, pool routing
 //   conditional_builder.hpp  conditional nodes and their bodies
 //   executable.hpp           the executable and all that must agree with it: the graphs it runs
 //                            and was compiled from, the staging nodes, the plan cache
-//   copy_node.hpp, staging.hpp  stage_and_launch: the copy node and the copy semantics
+//   staging_nodes.hpp, staging.hpp  stage_and_launch: the staging nodes and the copy semantics
 //   retained.hpp             what the graphs and executables keep alive (retain, the pool)
 #pragma once
 
@@ -16,13 +16,13 @@
 #include <tensorplay/detail/random_epoch.hpp>
 #include <tensorplay/detail/thread_streams.hpp>
 #include <tensorplay/error.hpp>
-#include <tensorplay/graph/capture_session.hpp>
-#include <tensorplay/graph/conditional_builder.hpp>
-#include <tensorplay/graph/copy_node.hpp>
-#include <tensorplay/graph/executable.hpp>
+#include <tensorplay/graph/detail/capture_session.hpp>
+#include <tensorplay/graph/detail/conditional_builder.hpp>
+#include <tensorplay/graph/detail/staging_nodes.hpp>
+#include <tensorplay/graph/detail/executable.hpp>
 #include <tensorplay/graph/options.hpp>
-#include <tensorplay/graph/retained.hpp>
-#include <tensorplay/graph/staging.hpp>
+#include <tensorplay/graph/detail/retained.hpp>
+#include <tensorplay/graph/detail/staging.hpp>
 #include <tensorplay/pool.hpp>
 #include <tensorplay/stream.hpp>
 #include <tensorplay/tensor.hpp>
@@ -131,7 +131,7 @@ class Graph {
   //! run the new work: patched in place (cudaGraphExecUpdate) when CUDA accepts the new graph,
   //! compiled anew when it refuses (a changed topology, say, or launch attributes such as
   //! cluster dimensions that an update cannot carry). CUDA decides, not the library. A staged
-  //! executable's copy node is carried over; retained objects stay retained.
+  //! executable's staging nodes are carried over; retained objects stay retained.
   //!
   //!     auto r = graph.update([&](tensorplay::StreamRef s) { step<<<g, b, 0, s>>>(new_ptr, n); });
   //!
@@ -236,7 +236,7 @@ class Graph {
 
   //! Writes the captured graph as a DOT file: node types, kernel and conditional parameters
   //! (every attribute after enable_debug_mode). After the first stage_and_launch the graph
-  //! begins with the copy node.
+  //! begins with the staging nodes.
   //! `path`: a std::filesystem::path, a std::string or a C string (a template, so that this
   //! header does not pay for the filesystem header).
   //! \throws usage_error before any capture has ended.
@@ -264,7 +264,7 @@ class Graph {
   //! Number of open conditional bodies.
   [[nodiscard]] std::size_t conditional_depth() const noexcept { return is_capturing() ? session_->depth() : 0; }
 
-  //! Number of top-level nodes of the captured graph (the copy node included, once staged).
+  //! Number of top-level nodes of the captured graph (the two staging nodes included, once staged).
   [[nodiscard]] std::size_t node_count(tensorplay::source_location where = tensorplay::source_location::current()) const {
     if (!exec_.holds_graph()) detail::throw_usage("node_count: no capture has ended yet");
     std::size_t count = 0;

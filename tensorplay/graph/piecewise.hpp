@@ -8,7 +8,7 @@
 #pragma once
 
 #include <tensorplay/error.hpp>
-#include <tensorplay/graph/conditional_builder.hpp>
+#include <tensorplay/graph/detail/conditional_builder.hpp>
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/graph/options.hpp>
 #include <tensorplay/pool.hpp>

@@ -2,7 +2,7 @@
 #pragma once
 
 #include <tensorplay/graph/device_group.hpp>
-#include <tensorplay/graph/executable.hpp>
+#include <tensorplay/graph/detail/executable.hpp>
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/graph/options.hpp>
 #include <tensorplay/nccl/communicator.hpp>

@@ -1,6 +1,6 @@
 // tensorplay/detail/kernels/handle_value.cuh: the value a set-handle kernel writes into a
 // conditional handle. Device code: included by library_kernels.cu (the fatbin) and by
-// graph/device_predicates.cuh (nvcc translation units).
+// graph/detail/device_predicates.cuh (nvcc translation units).
 #pragma once
 
 #include <climits>

@@ -1,8 +1,8 @@
-// tensorplay/graph/staging.hpp: how stage_and_launch moves each input onto its static buffer.
+// tensorplay/graph/detail/staging.hpp: how stage_and_launch moves each input onto its static buffer.
 //
 // Every pair is checked and classified first (plan_pair, check_overlaps), so that a bad pair
 // throws before anything is issued. Pairs that are contiguous, of one element type and on the
-// graph's device are batched into the copy node in front of the graph (copy_node.hpp); the others
+// graph's device are batched into the copy node in front of the graph (staging_nodes.hpp); the others
 // are issued here, on the same stream, before the launch (issue_unbatched).
 //
 // Copy semantics are exact or refused: a copy whose input overlaps a static buffer would read

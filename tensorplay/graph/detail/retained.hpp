@@ -1,4 +1,4 @@
-// tensorplay/graph/retained.hpp: what a Graph's graphs and executables keep alive (Graph::retain,
+// tensorplay/graph/detail/retained.hpp: what a Graph's graphs and executables keep alive (Graph::retain,
 // and the pool its captures allocated from).
 //
 // One bundle per Graph (until reset()): the objects it retained and its pool. Every outer graph

@@ -1,4 +1,4 @@
-// tensorplay/graph/bucket_memory.hpp: MemoryEstimate, and what GraphBuckets::estimate and
+// tensorplay/graph/detail/bucket_memory.hpp: MemoryEstimate, and what GraphBuckets::estimate and
 // GraphBuckets::memory compute.
 //
 // estimate: every bucket's body is captured, largest first as capture_all does, into throwaway
@@ -116,7 +116,7 @@ inline void append_topology(cudaGraph_t graph, const ConditionalBodies* bodies, 
 }
 
 //! A graph pool made for one estimate. Its memory goes back to CUDA when it is released, on this
-//! thread: the throwaway graphs' keep-alive bundles (graph/retained.hpp) hold the pool until CUDA
+//! thread: the throwaway graphs' keep-alive bundles (graph/detail/retained.hpp) hold the pool until CUDA
 //! has released their user objects and the reaper has destroyed them, which is waited for, up to
 //! a quarter of a second (a body that keeps a tensor it allocated keeps the pool longer).
 class ScratchPool {

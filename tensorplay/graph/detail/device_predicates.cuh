@@ -1,4 +1,4 @@
-// tensorplay/graph/device_predicates.cuh: the set-handle kernel for __device__ callable
+// tensorplay/graph/detail/device_predicates.cuh: the set-handle kernel for __device__ callable
 // predicates. Only nvcc translation units include it (conditional_builder.hpp): the kernel is
 // instantiated for the caller's callable type, so it cannot be precompiled into the library's
 // fatbin. Tensor predicates use the fatbin's kernels instead, in every translation unit.

@@ -1,7 +1,9 @@
-// tensorplay/graph/copy_node.hpp: the copy node of stage_and_launch, a kernel node in front of
-// every root of a graph, and the batch of copies each call gathers.
+// tensorplay/graph/detail/staging_nodes.hpp: the staging nodes of stage_and_launch (the fetch node,
+// then the copy node: two kernel nodes in front of every root of a graph), and the batch of copies
+// each call gathers. Words used throughout: "the staging nodes" are both; "the copy node" is the
+// one that copies; "the fetch node" takes the call's sources from the ring.
 //
-// The node lives in the graph itself, and the graph has one executable: CUDA refuses a second
+// The nodes live in the graph itself, and the graph has one executable: CUDA refuses a second
 // executable of a graph that holds conditional nodes (seen on the H200, driver 580), and
 // cudaGraphClone refuses to copy such a graph at all. A plain replay of a staged graph disables
 // the node (cudaGraphNodeSetEnabled) once, and the next stage_and_launch enables it again, so
@@ -128,22 +130,21 @@ class CopyBatch {
 };
 
 //! The staging nodes of a graph: the fetch node, then the copy node, in front of every root.
-struct StagingNodes {
+struct StagingNodeHandles {
   cudaGraphNode_t fetch = nullptr;
   cudaGraphNode_t copy = nullptr;
 };
 
-//! The staging nodes of a graph's executable ("the copy node" for short: the fetch node takes the
-//! call's sources from the ring, the copy node copies them; they are enabled, disabled and
-//! planned together).
-class CopyNode {
+//! The staging nodes of a graph's executable: the fetch node takes the call's sources from the
+//! ring, the copy node copies them; they are enabled, disabled and planned together.
+class StagingNodes {
  public:
   //! Nodes that read their sources from `ring`.
-  explicit CopyNode(std::unique_ptr<StagingRing> ring) noexcept : ring_(std::move(ring)) {}
-  CopyNode(CopyNode&&) noexcept = default;
-  CopyNode& operator=(CopyNode&&) = delete;
+  explicit StagingNodes(std::unique_ptr<StagingRing> ring) noexcept : ring_(std::move(ring)) {}
+  StagingNodes(StagingNodes&&) noexcept = default;
+  StagingNodes& operator=(StagingNodes&&) = delete;
   //! The ring waits in the graveyard until the calls launched with it are done.
-  ~CopyNode() {
+  ~StagingNodes() {
     if (ring_) RingGraveyard::instance().retire(std::move(ring_), sequence_);
   }
 
@@ -153,7 +154,7 @@ class CopyNode {
   //! Adds the staging nodes to `graph`, in front of every root, and returns them. Call before
   //! compiling `graph`; then adopt() the nodes that the executable will use. The nodes have no
   //! plan yet: they copy nothing until set_plan.
-  [[nodiscard]] StagingNodes add_to(cudaGraph_t graph, int device, const tensorplay::source_location& where) {
+  [[nodiscard]] StagingNodeHandles add_to(cudaGraph_t graph, int device, const tensorplay::source_location& where) {
     const KernelLibrary& library = KernelLibrary::on(device, where);
     DeviceGuard guard(device, where);  // cudaGraphAddKernelNode uses the current device
     int sms = 1;
@@ -165,7 +166,7 @@ class CopyNode {
     if (root_count != 0) TENSORPLAY_CHECK(cudaGraphGetRootNodes(graph, roots.data(), &root_count), where);
     kernels::RingFetch no_fetch = fetch_params(0);
     kernels::RingCopyPlan<1> no_plan;  // count 0: touches nothing
-    StagingNodes nodes;
+    StagingNodeHandles nodes;
     const cudaKernelNodeParams fetch = fetch_node_params(library, no_fetch);
     TENSORPLAY_CHECK(cudaGraphAddKernelNode(&nodes.fetch, graph, nullptr, 0, &fetch), where);
     void* copy_args[] = {&no_plan};
@@ -184,7 +185,7 @@ class CopyNode {
   }
 
   //! The executable will be compiled from the graph that holds `nodes`.
-  void adopt(StagingNodes nodes) noexcept { nodes_ = nodes; }
+  void adopt(StagingNodeHandles nodes) noexcept { nodes_ = nodes; }
 
   //! The executable was compiled from the graph of the adopted nodes: they are enabled, as a
   //! fresh compile leaves them, and have no plan (the next call sets it).
@@ -312,7 +313,7 @@ class CopyNode {
   }
 
   std::unique_ptr<StagingRing> ring_;
-  StagingNodes nodes_;  // in the graph the executable was instantiated from
+  StagingNodeHandles nodes_;  // in the graph the executable was instantiated from
   int device_ = -1;
   unsigned max_blocks_ = 1;
   bool enabled_ = false;

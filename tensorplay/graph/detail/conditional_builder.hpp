@@ -1,4 +1,4 @@
-// tensorplay/graph/conditional_builder.hpp: conditional nodes inside an open capture: what a
+// tensorplay/graph/detail/conditional_builder.hpp: conditional nodes inside an open capture: what a
 // predicate or switch index may be, the kernel that copies it into the node's handle, creating
 // the node, and capturing its bodies.
 //
@@ -17,7 +17,7 @@
 #include <tensorplay/detail/kernel_library.hpp>
 #include <tensorplay/detail/random_epoch.hpp>
 #include <tensorplay/error.hpp>
-#include <tensorplay/graph/capture_session.hpp>
+#include <tensorplay/graph/detail/capture_session.hpp>
 #include <tensorplay/graph/options.hpp>
 #include <tensorplay/stream.hpp>
 #include <tensorplay/tensor.hpp>
@@ -34,7 +34,7 @@
 #include <vector>
 
 #if defined(__CUDACC__)
-#include <tensorplay/graph/device_predicates.cuh>
+#include <tensorplay/graph/detail/device_predicates.cuh>
 #endif
 
 namespace tensorplay::detail {

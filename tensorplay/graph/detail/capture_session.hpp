@@ -1,4 +1,4 @@
-// tensorplay/graph/capture_session.hpp: one open capture of a Graph: begin, end, abandon, the
+// tensorplay/graph/detail/capture_session.hpp: one open capture of a Graph: begin, end, abandon, the
 // open conditional bodies, and the bookkeeping that routes the capture's allocations.
 //
 // Conditional bodies are captured as captures of their own (cudaStreamBeginCapture on a body

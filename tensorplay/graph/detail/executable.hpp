@@ -1,11 +1,11 @@
-// tensorplay/graph/executable.hpp: a graph's executable and everything that must agree with it:
+// tensorplay/graph/detail/executable.hpp: a graph's executable and everything that must agree with it:
 // the graph it runs, the graph it was compiled from (which names its nodes), the staging nodes
 // and their ring, and stage_and_launch's plan cache.
 //
 // Every way the executable changes goes through one of its operations, each of which leaves
 // those parts consistent on success and on failure: hold (a captured graph, not compiled yet),
 // compile, update (in place when CUDA accepts the new graph, else compiled anew, the staging
-// nodes carried over either way), staging (the copy node added on first use), launch and
+// nodes carried over either way), staging (the staging nodes added on first use), launch and
 // stage_and_launch. No caller patches its bookkeeping afterwards.
 #pragma once
 
@@ -15,9 +15,9 @@
 #include <tensorplay/detail/exec_memory.hpp>
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/error.hpp>
-#include <tensorplay/graph/copy_node.hpp>
+#include <tensorplay/graph/detail/staging_nodes.hpp>
 #include <tensorplay/graph/options.hpp>
-#include <tensorplay/graph/staging.hpp>
+#include <tensorplay/graph/detail/staging.hpp>
 #include <tensorplay/detail/staging_ring.hpp>
 #include <tensorplay/tensor.hpp>
 #include <tensorplay/version.hpp>
@@ -182,7 +182,7 @@ class Executable {
   //! enabled, without a plan. If compiling anew fails, the new graph is held, not compiled.
   UpdateResult update(GraphHandle graph, bool keeps, std::optional<cudaStream_t> upload, const tensorplay::source_location& where,
                       ConditionalBodies bodies = {}) {
-    StagingNodes nodes;
+    StagingNodeHandles nodes;
     if (staging_) nodes = staging_->node.add_to(graph.get(), device_, where);
     UpdateResult result;
     if (exec_ && exec_.try_update(graph.get(), result, where)) {
@@ -294,9 +294,9 @@ class Executable {
 
  private:
   struct Staging {
-    CopyNode node;
+    StagingNodes node;
     CopyBatch batch;
-    StagingNodes latest_nodes;  // the nodes in latest_, while an in-place update's graph is kept
+    StagingNodeHandles latest_nodes;  // the nodes in latest_, while an in-place update's graph is kept
   };
 
   // The staging nodes, made on the first stage_and_launch that batches: added to the graph the
@@ -304,7 +304,7 @@ class Executable {
   // nodes one executable, so the nodes live in the graph itself).
   Staging& prepare_staging(cudaStream_t stream, const tensorplay::source_location& where) {
     if (staging_) return *staging_;
-    auto staging = std::make_unique<Staging>(Staging{CopyNode(RingGraveyard::instance().take(device_, stream, where)), {}, {}});
+    auto staging = std::make_unique<Staging>(Staging{StagingNodes(RingGraveyard::instance().take(device_, stream, where)), {}, {}});
     if (latest_) {
       source_ = std::move(latest_);
       source_bodies_ = std::move(latest_bodies_);
