@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,38 @@ inline void compare_submit(benchmark::State& state, int batch, const std::vector
   });
 }
 
+//! compare() of capture + instantiate: raw stream capture of `issue(stream)` ("raw") against
+//! Graph::capture of the same work on the same stream ("ours"). Destruction is not timed.
+template <class Graph, class Stream, class Issue>
+void compare_capture(benchmark::State& state, Stream& stream, Issue&& issue) {
+  double last = 0;  // seconds of the last timed capture
+  compare(state,
+          {{"raw",
+            [&] {
+              cudaGraph_t graph = nullptr;
+              cudaGraphExec_t exec = nullptr;
+              const auto start = Clock::now();
+              BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+              issue(stream);
+              BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+              BENCH_CUDA(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch));
+              last = seconds_since(start);
+              BENCH_CUDA(cudaGraphExecDestroy(exec));
+              BENCH_CUDA(cudaGraphDestroy(graph));
+            }},
+           {"ours",
+            [&] {
+              Graph graph;
+              const auto start = Clock::now();
+              graph.capture([&](auto s) { issue(s); }, {.stream = stream});
+              last = seconds_since(start);
+            }}},
+          [&](const Variant& v) {
+            v.run();
+            return last;
+          });
+}
+
 //! Keeps the median (microseconds) of every benchmark and of its counters, by name without
 //! Google Benchmark's "/iterations:N", "/repeats:N" and "/manual_time" parts.
 class MedianReporter : public benchmark::ConsoleReporter {
@@ -147,6 +180,23 @@ inline void print_table(const char* title, const std::vector<Row>& rows) {
   std::printf("\n== %s ==\n", title);
   for (const Row& r : rows) std::printf("  %-58s %12.3f %-6s %s\n", r.what.c_str(), r.value, r.unit.c_str(), r.note.c_str());
   std::fflush(stdout);
+}
+
+//! "1 kernel", "1000 kernels": how the tables name a graph of `kernels` kernels.
+inline std::string kernels_label(int kernels) { return std::to_string(kernels) + " kernel" + (kernels == 1 ? "" : "s"); }
+
+//! For every size of a benchmark registered once per index i of `sizes` (Arg(i)):
+//! `rows_of(label, us, sizes[i])`, with label = kernels_label(sizes[i]) and us(benchmark, variant)
+//! = the median of counter "<variant>_us" of "<benchmark>/<i>".
+template <class RowsOf>
+void for_each_size(MedianReporter& r, std::span<const int> sizes, RowsOf&& rows_of) {
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const std::string arg = "/" + std::to_string(i);
+    rows_of(
+        kernels_label(sizes[i]),
+        [&](const std::string& benchmark, const std::string& variant) { return r.counters[benchmark + arg + ":" + variant + "_us"]; },
+        sizes[i]);
+  }
 }
 
 inline std::string verdict(double ratio, double limit, bool at_most = true) {

@@ -26,7 +26,6 @@ struct Fixture {
   tp::Stream stream;
   tp::DeviceTensor<float> scalar{1, stream};
   std::vector<int> sizes{1, 1000};
-  double last = 0;  // seconds of the last timed capture
 
   Fixture() {
     BENCH_CUDA(cudaMemsetAsync(scalar.data(), 0, sizeof(float), stream));
@@ -48,31 +47,7 @@ Fixture& fixture() {
 void capture(benchmark::State& state) {
   auto& f = fixture();
   const int kernels = f.sizes[state.range(0)];
-  bench::compare(state,
-                 {{"raw",
-                   [&] {
-                     cudaGraph_t graph = nullptr;
-                     cudaGraphExec_t exec = nullptr;
-                     const auto start = bench::Clock::now();
-                     BENCH_CUDA(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeGlobal));
-                     f.issue(kernels, f.stream);
-                     BENCH_CUDA(cudaStreamEndCapture(f.stream, &graph));
-                     BENCH_CUDA(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch));
-                     f.last = bench::seconds_since(start);
-                     BENCH_CUDA(cudaGraphExecDestroy(exec));
-                     BENCH_CUDA(cudaGraphDestroy(graph));
-                   }},
-                  {"ours",
-                   [&] {
-                     tp::Graph graph;
-                     const auto start = bench::Clock::now();
-                     graph.capture([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
-                     f.last = bench::seconds_since(start);
-                   }}},
-                 [&](const bench::Variant& v) {
-                   v.run();
-                   return f.last;
-                 });
+  bench::compare_capture<tp::Graph>(state, f.stream, [&](cudaStream_t s) { f.issue(kernels, s); });
 }
 
 const char* mode_name() {
@@ -89,17 +64,14 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("capture", capture)->Arg(0)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(200);
   benchmark::RegisterBenchmark("capture", capture)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(12);
   return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
-    const auto& f = fixture();
     std::vector<bench::Row> rows;
-    for (std::size_t i = 0; i < f.sizes.size(); ++i) {
-      const std::string arg = "/" + std::to_string(i);
-      const std::string kernels = std::to_string(f.sizes[i]) + " kernel" + (f.sizes[i] == 1 ? "" : "s");
-      const double raw = r.counters["capture" + arg + ":raw_us"];
-      const double ours = r.counters["capture" + arg + ":ours_us"];
+    bench::for_each_size(r, fixture().sizes, [&](const std::string& kernels, const auto& us, int) {
+      const double raw = us("capture", "raw");
+      const double ours = us("capture", "ours");
       rows.push_back({kernels + ": raw capture + instantiate", raw, "us", ""});
       rows.push_back({kernels + ": Graph::capture (+ instantiate)", ours, "us", ""});
       rows.push_back({kernels + ": ours / raw", ours / raw, "x", bench::verdict(ours / raw, 1.05)});
-    }
+    });
     const std::string title = std::string("bench/doctor, TENSORPLAY_CAPTURE_DOCTOR=") + mode_name() +
                               " (driver log " + (tp::detail::DriverLogListener::instance().listening() ? "on" : "off") +
                               ", CUPTI " + (tp::detail::CuptiWatch::instance().active() ? "on" : "off") +

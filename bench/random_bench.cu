@@ -125,16 +125,13 @@ void register_all() {
 int main(int argc, char** argv) {
   register_all();
   return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
-    const auto& f = fixture();
     std::vector<bench::Row> rows;
-    for (std::size_t i = 0; i < f.sizes.size(); ++i) {
-      const std::string arg = "/" + std::to_string(i);
-      const std::string kernels = std::to_string(f.sizes[i]) + " kernel" + (f.sizes[i] == 1 ? "" : "s");
-      const double plain = r.counters["submit" + arg + ":plain_us"];
-      const double random = r.counters["submit" + arg + ":random_us"];
-      const double retained = r.counters["submit" + arg + ":retained_us"];
-      const double dplain = r.counters["device" + arg + ":plain_us"];
-      const double drandom = r.counters["device" + arg + ":random_us"];
+    bench::for_each_size(r, fixture().sizes, [&](const std::string& kernels, const auto& us, int) {
+      const double plain = us("submit", "plain");
+      const double random = us("submit", "random");
+      const double retained = us("submit", "retained");
+      const double dplain = us("device", "plain");
+      const double drandom = us("device", "random");
       rows.push_back({kernels + ": replay host submit, offsets frozen", plain, "us", ""});
       rows.push_back({kernels + ": replay host submit, RandomState", random, "us", ""});
       rows.push_back({kernels + ": host submit, RandomState / frozen", random / plain, "x", bench::verdict(random / plain, 1.02)});
@@ -142,7 +139,7 @@ int main(int argc, char** argv) {
       rows.push_back({kernels + ": replay device time, offsets frozen", dplain, "us", ""});
       rows.push_back({kernels + ": replay device time, RandomState", drandom, "us", ""});
       rows.push_back({kernels + ": device time, RandomState / frozen", drandom / dplain, "x", bench::verdict(drandom / dplain, 1.05)});
-    }
+    });
     const double eplain = r.counters["eager:plain_us"];
     const double erandom = r.counters["eager:random_us"];
     rows.push_back({"eager launch, offset by value: host", eplain, "us", ""});

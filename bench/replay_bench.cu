@@ -24,7 +24,6 @@ struct Fixture {
   std::vector<int> sizes{1, 10, 100, 1000};
   std::vector<cudaGraphExec_t> raw;  // by size index
   std::vector<tp::Graph> ours;
-  double last = 0;  // seconds of the last timed capture
 
   Fixture() {
     BENCH_CUDA(cudaMemsetAsync(scalar.data(), 0, sizeof(float), stream));
@@ -78,31 +77,7 @@ void launch(benchmark::State& state) {
 void capture(benchmark::State& state) {
   auto& f = fixture();
   const int kernels = f.sizes[state.range(0)];
-  bench::compare(state,
-                 {{"raw",
-                   [&] {
-                     cudaGraph_t graph = nullptr;
-                     cudaGraphExec_t exec = nullptr;
-                     const auto start = bench::Clock::now();
-                     BENCH_CUDA(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeGlobal));
-                     f.issue(kernels, f.stream);
-                     BENCH_CUDA(cudaStreamEndCapture(f.stream, &graph));
-                     BENCH_CUDA(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch));
-                     f.last = bench::seconds_since(start);
-                     BENCH_CUDA(cudaGraphExecDestroy(exec));
-                     BENCH_CUDA(cudaGraphDestroy(graph));
-                   }},
-                  {"ours",
-                   [&] {
-                     tp::Graph graph;
-                     const auto start = bench::Clock::now();
-                     graph.capture([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
-                     f.last = bench::seconds_since(start);
-                   }}},
-                 [&](const bench::Variant& v) {
-                   v.run();
-                   return f.last;
-                 });
+  bench::compare_capture<tp::Graph>(state, f.stream, [&](cudaStream_t s) { f.issue(kernels, s); });
 }
 
 void register_all() {
@@ -119,16 +94,13 @@ void register_all() {
 int main(int argc, char** argv) {
   register_all();
   return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
-    const auto& f = fixture();
     std::vector<bench::Row> rows;
-    for (std::size_t i = 0; i < f.sizes.size(); ++i) {
-      const std::string arg = "/" + std::to_string(i);
-      const std::string kernels = std::to_string(f.sizes[i]) + " kernel" + (f.sizes[i] == 1 ? "" : "s");
-      const double raw = r.counters["launch" + arg + ":raw_us"];
-      const double stream = r.counters["launch" + arg + ":replay_stream_us"];
-      const double current = r.counters["launch" + arg + ":replay_current_us"];
-      const double raw_ci = r.counters["capture" + arg + ":raw_us"];
-      const double ours_ci = r.counters["capture" + arg + ":ours_us"];
+    bench::for_each_size(r, fixture().sizes, [&](const std::string& kernels, const auto& us, int) {
+      const double raw = us("launch", "raw");
+      const double stream = us("launch", "replay_stream");
+      const double current = us("launch", "replay_current");
+      const double raw_ci = us("capture", "raw");
+      const double ours_ci = us("capture", "ours");
       rows.push_back({kernels + ": raw cudaGraphLaunch, host submit", raw, "us", ""});
       rows.push_back({kernels + ": Graph::replay(stream), host submit", stream, "us", ""});
       rows.push_back({kernels + ": Graph::replay(), host submit", current, "us", ""});
@@ -137,7 +109,7 @@ int main(int argc, char** argv) {
       rows.push_back({kernels + ": raw capture + instantiate", raw_ci, "us", ""});
       rows.push_back({kernels + ": Graph::capture (+ instantiate)", ours_ci, "us", ""});
       rows.push_back({kernels + ": capture+instantiate, ours / raw", ours_ci / raw_ci, "x", bench::verdict(ours_ci / raw_ci, 1.05)});
-    }
+    });
     bench::print_table("bench/replay (medians of paired measurements; ratios against raw CUDA in this run)", rows);
   });
 }

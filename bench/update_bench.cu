@@ -185,34 +185,32 @@ int main(int argc, char** argv) {
   register_all();
   return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
     std::vector<bench::Row> rows;
-    for (int i = 0; i < 3; ++i) {
-      const std::string arg = "/" + std::to_string(i);
-      const std::string kernels = std::to_string(sizes[i]) + " kernel" + (sizes[i] == 1 ? "" : "s");
-      const double ours = r.counters["update" + arg + ":update_us"];
-      const double raw = r.counters["update" + arg + ":raw_us"];
-      const double again = r.counters["update" + arg + ":reset_capture_us"];
-      const double capture = r.counters["update" + arg + ":raw_capture_only_us"];
-      const double patch = r.counters["update" + arg + ":raw_update_only_us"];
+    bench::for_each_size(r, sizes, [&](const std::string& kernels, const auto& us, int size) {
+      const double ours = us("update", "update");
+      const double raw = us("update", "raw");
+      const double again = us("update", "reset_capture");
+      const double capture = us("update", "raw_capture_only");
+      const double patch = us("update", "raw_update_only");
       rows.push_back({kernels + ": update()", ours, "us", ""});
       rows.push_back({kernels + ": raw capture + cudaGraphExecUpdate", raw, "us", ""});
       rows.push_back({kernels + ":   of which capture / update", capture, "us", "/ " + std::to_string(patch) + " us"});
       rows.push_back({kernels + ":   library bookkeeping (update() - raw)", ours - raw, "us", ""});
       rows.push_back({kernels + ": update() / raw", ours / raw, "x", bench::verdict(ours / raw, 1.05)});
       rows.push_back({kernels + ": update() of an executable never launched nor uploaded",
-                      r.counters["update" + arg + ":update_never_launched_us"], "us", ""});
+                      us("update", "update_never_launched"), "us", ""});
       rows.push_back({kernels + ": reset() + capture()", again, "us", ""});
       rows.push_back({kernels + ": update() / (reset() + capture())", ours / again, "x",
-                      sizes[i] == 1000 ? bench::verdict(ours / again, 0.45) : ""});
+                      size == 1000 ? bench::verdict(ours / again, 0.45) : ""});
       // Raw CUDA's own figure for the same comparison: what no library on top of it can beat.
       rows.push_back({kernels + ":   raw floor: raw / (reset() + capture())", raw / again, "x", ""});
-      const double before = r.counters["replay_after_update" + arg + ":before_us"];
-      const double after = r.counters["replay_after_update" + arg + ":after_us"];
+      const double before = us("replay_after_update", "before");
+      const double after = us("replay_after_update", "after");
       rows.push_back({kernels + ": replay after update / before", after / before, "x", bench::verdict(after / before, 1.02)});
-      const double cold = r.counters["first_replay" + arg + ":no_upload_us"];
-      const double warm = r.counters["first_replay" + arg + ":upload_us"];
+      const double cold = us("first_replay", "no_upload");
+      const double warm = us("first_replay", "upload");
       rows.push_back({kernels + ": first replay (launch + sync), no upload", cold, "us", ""});
       rows.push_back({kernels + ": first replay (launch + sync), upload", warm, "us", ""});
-    }
+    });
     bench::print_table("bench/update (medians of paired measurements; ratios against raw CUDA in this run)", rows);
   });
 }

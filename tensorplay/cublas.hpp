@@ -5,6 +5,7 @@
 // (Bazel: deps = ["@cuda//:cublas"]; CMake: CUDA::cublas).
 #pragma once
 
+#include <tensorplay/detail/failed_call_error.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/stream.hpp>
 
@@ -12,7 +13,6 @@
 
 #include <cstddef>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -25,23 +25,12 @@ namespace tensorplay {
 //! so this is not a `cuda_error`.
 //! Example: `cublasSetStream failed: CUBLAS_STATUS_NOT_INITIALIZED (the library was not
 //! initialized) at main.cu:42`.
-class cublas_error : public std::runtime_error {
+//! status() and where() come from detail::failed_call_error.
+class cublas_error : public detail::failed_call_error<cublasStatus_t> {
  public:
   cublas_error(cublasStatus_t status, std::string_view call, tensorplay::source_location where)
-      : std::runtime_error(describe(status, call, where)), status_(status), where_(where) {}
-
-  //! The status the failing call returned.
-  [[nodiscard]] cublasStatus_t status() const noexcept { return status_; }
-  //! Where the caller asked for the failing call.
-  [[nodiscard]] const tensorplay::source_location& where() const noexcept { return where_; }
-
- private:
-  static std::string describe(cublasStatus_t status, std::string_view call, tensorplay::source_location where) {
-    return detail::failed_call_text(call, cublasGetStatusName(status), cublasGetStatusString(status), "", where);
-  }
-
-  cublasStatus_t status_;
-  tensorplay::source_location where_;
+      : failed_call_error(detail::failed_call_text(call, cublasGetStatusName(status), cublasGetStatusString(status), "", where),
+                          status, where) {}
 };
 
 namespace detail {

@@ -84,6 +84,22 @@ tp::capture_error expect_capture_error(F&& work) {
   throw 0;  // not reached
 }
 
+//! Captures on `stream` a body that calls cudaMalloc on another thread, which must break the
+//! capture; frees what that cudaMalloc got and returns the capture_error.
+tp::capture_error expect_malloc_on_another_thread_to_break(tp::Graph& graph, tp::Stream& stream) {
+  void* leaked = nullptr;
+  const tp::capture_error e = expect_capture_error([&] {
+    graph.capture(
+        [&] {
+          std::thread other([&] { (void)cudaMalloc(&leaked, 1 << 20); });
+          other.join();
+        },
+        {.stream = stream});
+  });
+  if (leaked != nullptr) (void)cudaFree(leaked);
+  return e;
+}
+
 //! Nothing captures, and a new capture on `stream` works.
 void expect_usable(cudaStream_t stream) {
   BOOST_TEST(tp_test::not_capturing(stream));
@@ -189,16 +205,7 @@ DOCTOR_TEST(cuda_malloc_on_another_thread_during_a_global_capture_is_named_as_fr
   without_leaks([] {
     tp::Stream stream;
     tp::Graph graph({.capture_error_mode = tp::CaptureErrorMode::Global});
-    void* leaked = nullptr;
-    const tp::capture_error e = expect_capture_error([&] {
-      graph.capture(
-          [&] {
-            std::thread other([&] { (void)cudaMalloc(&leaked, 1 << 20); });
-            other.join();
-          },
-          {.stream = stream});
-    });
-    if (leaked != nullptr) (void)cudaFree(leaked);
+    const tp::capture_error e = expect_malloc_on_another_thread_to_break(graph, stream);
     BOOST_TEST(e.culprit() == "cudaMalloc");
     BOOST_TEST(e.from_other_thread());
     BOOST_TEST(contains(e.driver_message(), "initiated from another thread"), e.driver_message());
@@ -448,16 +455,7 @@ FULL_DOCTOR_TEST(full_names_the_thread_of_a_raw_end_capture) {
 FULL_DOCTOR_TEST(full_names_cuda_malloc_on_another_thread) {
   tp::Stream stream;
   tp::Graph graph;
-  void* leaked = nullptr;
-  const tp::capture_error e = expect_capture_error([&] {
-    graph.capture(
-        [&] {
-          std::thread other([&] { (void)cudaMalloc(&leaked, 1 << 20); });
-          other.join();
-        },
-        {.stream = stream});
-  });
-  if (leaked != nullptr) (void)cudaFree(leaked);
+  const tp::capture_error e = expect_malloc_on_another_thread_to_break(graph, stream);
   BOOST_TEST(e.culprit() == "cudaMalloc");
   BOOST_TEST(e.from_other_thread());
   expect_usable(stream);

@@ -892,6 +892,23 @@ class Executor {
     for (const mdl::Stmt& st : block) emit(st, e, s);
   }
 
+  //! `call(body)` with the top-level body of capture side `c`: one that takes the capture stream
+  //! or one that takes nothing and finds it current (c.body_takes_stream), entering `e` and
+  //! emitting c.program either way. Returns what `call` returns (update()'s result, say).
+  template <class Call>
+  decltype(auto) with_top_body(const mdl::CaptureSide& c, Emit& e, Call&& call) {
+    if (c.body_takes_stream)
+      return call([&](tp::StreamRef s) {
+        enter(e, s);
+        emit_block(c.program, e, s);
+      });
+    return call([&] {
+      const tp::StreamRef s = tp::current_stream();
+      enter(e, s);
+      emit_block(c.program, e, s);
+    });
+  }
+
   tp::DeviceTensor<int> allocate(const mdl::Stmt& st, tp::StreamRef s) {
     if (st.on_current_stream) {
       if (tp::current_stream() != s) fail("the current stream is not the capture stream where a tensor is allocated");
@@ -1110,19 +1127,7 @@ class Executor {
     const std::size_t all = ~std::size_t{0};
     switch (op.variant) {
       case mdl::Variant::Lambda: {
-        expect_call(c.expect, "capture", [&] {
-          if (c.body_takes_stream)
-            g.capture([&](tp::StreamRef s) {
-              enter(e, s);
-              emit_block(c.program, e, s);
-            }, options);
-          else
-            g.capture([&] {
-              const tp::StreamRef s = tp::current_stream();
-              enter(e, s);
-              emit_block(c.program, e, s);
-            }, options);
-        });
+        expect_call(c.expect, "capture", [&] { with_top_body(c, e, [&](auto body) { g.capture(body, options); }); });
         after_capture(e, &g, before, all);
         break;
       }
@@ -1231,19 +1236,7 @@ class Executor {
     const tp::CaptureOptions options = options_for(c);
     Emit e{&g};
     std::optional<tp::UpdateResult> result;
-    expect_call(c.expect, "update", [&] {
-      if (c.body_takes_stream)
-        result = g.update([&](tp::StreamRef s) {
-          enter(e, s);
-          emit_block(c.program, e, s);
-        }, options);
-      else
-        result = g.update([&] {
-          const tp::StreamRef s = tp::current_stream();
-          enter(e, s);
-          emit_block(c.program, e, s);
-        }, options);
-    });
+    expect_call(c.expect, "update", [&] { result = with_top_body(c, e, [&](auto body) { return g.update(body, options); }); });
     after_capture(e, &g, before, ~std::size_t{0});
     if (!result) return;
     const bool in_place = result->outcome == tp::UpdateOutcome::Updated;
@@ -1281,19 +1274,7 @@ class Executor {
       const tp::StreamRef before = tp::current_stream();
       const tp::CaptureOptions options = options_for(c);
       Emit e{nullptr};
-      expect_call(c.expect, "PiecewiseGraph::capture", [&] {
-        if (c.body_takes_stream)
-          p.capture([&](tp::StreamRef s) {
-            enter(e, s);
-            emit_block(c.program, e, s);
-          }, options);
-        else
-          p.capture([&] {
-            const tp::StreamRef s = tp::current_stream();
-            enter(e, s);
-            emit_block(c.program, e, s);
-          }, options);
-      });
+      expect_call(c.expect, "PiecewiseGraph::capture", [&] { with_top_body(c, e, [&](auto body) { p.capture(body, options); }); });
       after_capture(e, nullptr, before, ~std::size_t{0});
     }
     if (p.segments() != after.pieces[op.a].count)

@@ -199,6 +199,30 @@ struct Model {
 
 tp::Pool offloadable() { return tp::graph_pool_handle({.offloadable = true}); }
 
+//! What `call` did with its k-th CUDA call failing: the cuda_error it threw (empty when none)
+//! and whether the armed failure fired at all (it does not once k is past the last call).
+struct Injected {
+  std::string what;
+  bool fired = false;
+};
+
+template <class F>
+Injected fail_call(long k, F&& call) {
+  ofault::reset_counts();
+  ofault::arm(k);
+  std::string what;
+  try {
+    call();
+  } catch (const tp::cuda_error& e) {
+    what = e.what();
+  } catch (const std::exception& e) {
+    BOOST_ERROR("call " << k << ": not a cuda_error: " << e.what());
+  }
+  const bool fired = ofault::fired();
+  ofault::disarm();
+  return {what, fired};
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(offload)
@@ -477,18 +501,7 @@ TP_GPU_TEST(a_failure_at_any_call_of_offload_leaves_the_pool_whole_in_one_of_its
   int resident = 0;
   int offloaded = 0;
   for (long k = 1;; ++k) {
-    ofault::reset_counts();
-    ofault::arm(k);
-    std::string what;
-    try {
-      m.pool.offload(m.stream);
-    } catch (const tp::cuda_error& e) {
-      what = e.what();
-    } catch (const std::exception& e) {
-      BOOST_ERROR("call " << k << ": not a cuda_error: " << e.what());
-    }
-    const bool fired = ofault::fired();
-    ofault::disarm();
+    const auto [what, fired] = fail_call(k, [&] { m.pool.offload(m.stream); });
     if (!fired) {
       calls = k - 1;
       BOOST_TEST(what.empty());
@@ -528,18 +541,7 @@ TP_GPU_TEST(a_failure_at_any_call_of_restore_leaves_the_pool_offloaded_and_whole
   for (long k = 1;; ++k) {
     m.pool.offload(m.stream);
     const std::size_t asleep = used_device_bytes();
-    ofault::reset_counts();
-    ofault::arm(k);
-    std::string what;
-    try {
-      m.pool.restore(m.stream);
-    } catch (const tp::cuda_error& e) {
-      what = e.what();
-    } catch (const std::exception& e) {
-      BOOST_ERROR("call " << k << ": not a cuda_error: " << e.what());
-    }
-    const bool fired = ofault::fired();
-    ofault::disarm();
+    const auto [what, fired] = fail_call(k, [&] { m.pool.restore(m.stream); });
     if (!fired) {
       calls = k - 1;
       BOOST_TEST(what.empty());

@@ -1,6 +1,8 @@
 // Tests of the caching allocator behind Pool (tensorplay/detail/caching_allocator.hpp), on host
 // memory: the block bookkeeping (best fit, split, coalesce, reuse keys) needs no GPU, so these
 // cases run everywhere, CI included.
+#include "support.hpp"
+
 #include <tensorplay/detail/caching_allocator.hpp>
 
 #include <boost/test/unit_test.hpp>
@@ -10,7 +12,6 @@
 #include <cstdlib>
 #include <map>
 #include <random>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -19,22 +20,9 @@ namespace td = tensorplay::detail;
 namespace {
 
 // Host memory in place of cudaMalloc, and a table in place of "which capture is this stream in".
-struct Fake {
-  static inline std::set<void*> live_segments;
+struct Fake : tp_test::HostSegments<Fake> {
   static inline std::map<cudaStream_t, td::CaptureSeq> capturing;
 
-  static cudaError_t allocate(void** ptr, std::size_t bytes) {
-    *ptr = std::aligned_alloc(256, td::round_up(bytes, 256));
-    if (*ptr == nullptr) return cudaErrorMemoryAllocation;
-    live_segments.insert(*ptr);
-    return cudaSuccess;
-  }
-  static void release(int, const std::vector<void*>& segments) {
-    for (void* s : segments) {
-      live_segments.erase(s);
-      std::free(s);
-    }
-  }
   static td::CaptureSeq capture_seq(cudaStream_t stream) {
     auto it = capturing.find(stream);
     return it == capturing.end() ? 0 : it->second;
@@ -103,7 +91,7 @@ BOOST_AUTO_TEST_CASE(random_allocations_never_overlap_and_counters_agree) {
     BOOST_TEST(pool.allocated_bytes() == 0u);
     check_invariants(pool);
   }
-  BOOST_TEST(Fake::live_segments.empty());  // every segment went back when the pool died
+  BOOST_TEST(Fake::live.empty());  // every segment went back when the pool died
 }
 
 BOOST_AUTO_TEST_CASE(freed_block_is_reused_on_its_stream_but_not_on_another) {

@@ -82,6 +82,18 @@ void copy(float* dst, const float* src, std::size_t count, cudaStream_t s) {
 
 std::vector<float> host(const tp::DeviceTensor<float>& t, cudaStream_t s) { return tp_test::host_copy(t.data(), t.size(), s); }
 
+//! `out` on the host after each of `times` calls of `step(i)`, end to end.
+template <class Step>
+std::vector<float> after_each(int times, const tp::DeviceTensor<float>& out, cudaStream_t s, Step&& step) {
+  std::vector<float> all;
+  for (int i = 0; i < times; ++i) {
+    step(i);
+    const std::vector<float> v = host(out, s);
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -289,12 +301,7 @@ TP_GPU_TEST(piecewise_segments_and_eager_steps_draw_in_replay_order) {
   pieces.capture([&](tp::StreamRef s) { draw(out.data(), n, 1, rng.next(1), s); }, {.stream = c.stream});
   pieces.eager([&](tp::StreamRef s) { draw(out.data() + n, n, 1, rng.next(1), s); });  // drawn at every replay
   pieces.capture([&](tp::StreamRef s) { draw(out.data() + 2 * n, n, 1, rng.next(1), s); }, {.stream = c.stream});
-  std::vector<float> replayed;
-  for (int r = 0; r < 3; ++r) {
-    pieces.replay(c.stream);
-    const std::vector<float> v = host(out, c.stream);
-    replayed.insert(replayed.end(), v.begin(), v.end());
-  }
+  const std::vector<float> replayed = after_each(3, out, c.stream, [&](int) { pieces.replay(c.stream); });
   tp::RandomState eager_rng(31);
   tp::DeviceTensor<float> eager(n * 9, c.stream);
   for (std::size_t r = 0; r < 9; ++r) draw(eager.data() + r * n, n, 1, eager_rng.next(1), c.stream);
@@ -313,21 +320,15 @@ TP_GPU_TEST(stage_and_launch_draws_fresh_numbers_at_every_call) {
   }, {.stream = c.stream});
   std::vector<tp::DeviceTensor<float>> inputs;
   inputs.reserve(4);
-  std::vector<float> staged;
-  for (int call = 0; call < 4; ++call) {
+  const std::vector<float> staged = after_each(4, out, c.stream, [&](int call) {
     inputs.emplace_back(n, c.stream);
     tp_test::fill(inputs.back().data(), n, static_cast<float>(call), c.stream.get());
     graph.stage_and_launch(std::tie(static_in), std::tie(inputs.back()), c.stream);
-    const std::vector<float> v = host(out, c.stream);
-    staged.insert(staged.end(), v.begin(), v.end());
-  }
+  });
   tp::RandomState eager_rng(8);
-  std::vector<float> eager;
-  for (int call = 0; call < 4; ++call) {
+  const std::vector<float> eager = after_each(4, out, c.stream, [&](int call) {
     add_uniform<<<blocks(n), 256, 0, c.stream>>>(inputs[call].data(), out.data(), n, eager_rng.next(1));
-    const std::vector<float> v = host(out, c.stream);
-    eager.insert(eager.end(), v.begin(), v.end());
-  }
+  });
   BOOST_TEST(same_bits(staged, eager));
 }
 
@@ -368,20 +369,10 @@ TP_GPU_TEST(graphs_keep_drawing_after_their_state_is_destroyed) {
     tp::RandomState rng(77);
     graph.capture([&](tp::StreamRef s) { draw(out.data(), n, 2, rng.next(2), s); }, {.stream = c.stream});
   }
-  std::vector<float> replayed;
-  for (int r = 0; r < 3; ++r) {
-    graph.replay(c.stream);
-    const std::vector<float> v = host(out, c.stream);
-    replayed.insert(replayed.end(), v.begin(), v.end());
-  }
+  const std::vector<float> replayed = after_each(3, out, c.stream, [&](int) { graph.replay(c.stream); });
   // A new state gets a new counter (the old one is still the graph's) and possibly the old ring.
   tp::RandomState eager_rng(77);
-  std::vector<float> eager;
-  for (int r = 0; r < 3; ++r) {
-    draw(out.data(), n, 2, eager_rng.next(2), c.stream);
-    const std::vector<float> v = host(out, c.stream);
-    eager.insert(eager.end(), v.begin(), v.end());
-  }
+  const std::vector<float> eager = after_each(3, out, c.stream, [&](int) { draw(out.data(), n, 2, eager_rng.next(2), c.stream); });
   BOOST_TEST(same_bits(replayed, eager));
 }
 
@@ -435,22 +426,15 @@ TP_GPU_TEST(a_raw_capture_draws_with_the_stream_given) {
   draw(out.data(), n, 1, rng.next(1, stream), stream);  // same segment: overwrites with the next offset
   BOOST_REQUIRE_EQUAL(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   BOOST_REQUIRE_EQUAL(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  std::vector<float> replayed;
-  for (int r = 0; r < 3; ++r) {
-    BOOST_REQUIRE_EQUAL(cudaGraphLaunch(exec, stream), cudaSuccess);
-    const std::vector<float> v = host(out, stream);
-    replayed.insert(replayed.end(), v.begin(), v.end());
-  }
+  const std::vector<float> replayed =
+      after_each(3, out, stream, [&](int) { BOOST_REQUIRE_EQUAL(cudaGraphLaunch(exec, stream), cudaSuccess); });
   (void)cudaGraphExecDestroy(exec);
   (void)cudaGraphDestroy(graph);
   tp::RandomState eager_rng(55);
-  std::vector<float> eager;
-  for (int r = 0; r < 3; ++r) {
+  const std::vector<float> eager = after_each(3, out, stream, [&](int) {
     draw(out.data(), n, 1, eager_rng.next(1, stream), stream);
     draw(out.data(), n, 1, eager_rng.next(1, stream), stream);
-    const std::vector<float> v = host(out, stream);
-    eager.insert(eager.end(), v.begin(), v.end());
-  }
+  });
   BOOST_TEST(same_bits(replayed, eager));
 }
 

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -39,6 +40,25 @@ struct NeedsNoGpu {
     boost::test_tools::assertion_result result(gpu_count() == 0);
     if (!result) result.message() << "checks the no-GPU behaviour; a GPU is present";
     return result;
+  }
+};
+
+//! Host memory in place of cudaMalloc, for an AllocatorBackend of the pool allocator (cases that
+//! need no GPU): `live` holds the segments allocated and not yet released, one set per Owner.
+template <class Owner>
+struct HostSegments {
+  static inline std::set<void*> live;
+  static cudaError_t allocate(void** ptr, std::size_t bytes) {
+    *ptr = std::aligned_alloc(256, tensorplay::detail::round_up(bytes, 256));
+    if (*ptr == nullptr) return cudaErrorMemoryAllocation;
+    live.insert(*ptr);
+    return cudaSuccess;
+  }
+  static void release(int, const std::vector<void*>& segments) {
+    for (void* s : segments) {
+      live.erase(s);
+      std::free(s);
+    }
   }
 };
 

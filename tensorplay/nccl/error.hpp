@@ -1,13 +1,13 @@
 // tensorplay/nccl/error.hpp: nccl_error, and the check of every NCCL call.
 #pragma once
 
+#include <tensorplay/detail/failed_call_error.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -19,15 +19,11 @@ namespace tensorplay {
 //! NCCL reports `ncclResult_t`, not `cudaError_t`, so this is not a `cuda_error`.
 //! Example: `ncclCommInitAll failed: ncclInvalidArgument (invalid argument (run with
 //! NCCL_DEBUG=WARN for details)) at main.cu:42`.
-class nccl_error : public std::runtime_error {
+//! status() (the result the failing call returned) and where() come from detail::failed_call_error.
+class nccl_error : public detail::failed_call_error<ncclResult_t> {
  public:
   nccl_error(ncclResult_t status, std::string_view call, tensorplay::source_location where)
-      : std::runtime_error(describe(status, call, where)), status_(status), where_(where) {}
-
-  //! The result the failing call returned.
-  [[nodiscard]] ncclResult_t status() const noexcept { return status_; }
-  //! Where the caller asked for the failing call.
-  [[nodiscard]] const tensorplay::source_location& where() const noexcept { return where_; }
+      : failed_call_error(describe(status, call, where), status, where) {}
 
   //! The enumerator's name: "ncclInvalidUsage".
   [[nodiscard]] static constexpr std::string_view name(ncclResult_t status) noexcept {
@@ -54,9 +50,6 @@ class nccl_error : public std::runtime_error {
     }
     return detail::failed_call_text(call, name(status), ncclGetErrorString(status), more, where);
   }
-
-  ncclResult_t status_;
-  tensorplay::source_location where_;
 };
 
 namespace detail {

@@ -2,6 +2,7 @@
 // CI, checked with clang++), with only the CUDA include folders: capture, replay, update,
 // stage_and_launch, pools, DeviceTensor, and conditional nodes with tensor predicates. The
 // library's own kernels come from its embedded fatbin; the user's kernels from kernels.cu.
+#include "host_support.hpp"
 #include "kernels.hpp"
 
 #include <tensorplay/graph.hpp>
@@ -16,32 +17,13 @@
 
 namespace tp = tensorplay;
 
-#ifdef __CUDACC__
-#error "this file must be compiled by a host compiler, not nvcc"
-#endif
-
 namespace {
-
-int gpu_count() {
-  static const int count = tp::detail::device_count();
-  return count;
-}
-
-struct NeedsGpu {
-  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
-    boost::test_tools::assertion_result result(gpu_count() >= 1);
-    if (!result) result.message() << "needs a GPU";
-    return result;
-  }
-};
 
 constexpr std::size_t n = 1000;
 
 std::vector<int> host(const tp::DeviceTensor<int>& t, tp::StreamRef s) { return t.to_host(s); }
 
 }  // namespace
-
-#define HOST_GPU_TEST(name) BOOST_AUTO_TEST_CASE(name, *boost::unit_test::precondition(NeedsGpu{}))
 
 BOOST_AUTO_TEST_SUITE(host_only)
 

@@ -1,6 +1,7 @@
 // test/host_only/random_host_test.cpp: RandomState from a translation unit compiled by g++, with
 // only the CUDA include folders: next() eagerly and inside a Graph's capture. The advance kernels
 // come from the library's embedded fatbin, the drawing kernel from random_kernels.cu.
+#include "host_support.hpp"
 #include "random_kernels.hpp"
 
 #include <tensorplay/graph.hpp>
@@ -16,24 +17,7 @@
 
 namespace tp = tensorplay;
 
-#ifdef __CUDACC__
-#error "this file must be compiled by a host compiler, not nvcc"
-#endif
-
 namespace {
-
-int gpu_count() {
-  static const int count = tp::detail::device_count();
-  return count;
-}
-
-struct NeedsGpu {
-  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
-    boost::test_tools::assertion_result result(gpu_count() >= 1);
-    if (!result) result.message() << "needs a GPU";
-    return result;
-  }
-};
 
 constexpr std::size_t n = 1000;
 
@@ -53,7 +37,7 @@ BOOST_AUTO_TEST_CASE(random_state_compiles_without_nvcc) {
   static_assert(!std::is_copy_constructible_v<tp::RandomState> && std::is_move_constructible_v<tp::RandomState>);
 }
 
-BOOST_AUTO_TEST_CASE(next_from_a_cpp_file_draws_fresh_numbers_at_every_replay, *boost::unit_test::precondition(NeedsGpu{})) {
+HOST_GPU_TEST(next_from_a_cpp_file_draws_fresh_numbers_at_every_replay) {
   tp::Stream stream;
   tp::StreamGuard guard(stream);
   tp::DeviceTensor<float> out(n, stream);

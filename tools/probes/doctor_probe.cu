@@ -362,15 +362,17 @@ void case_unjoined() {
   cudaStreamDestroy(s);
 }
 
-void case_other_global_capture() {
-  Case c("thread B holds a global capture; thread A begins one, then calls cudaMalloc");
+// Thread B (main) holds a global capture on b; thread A begins a capture of `mode` on a, then
+// calls cudaMalloc. `ticks`: a kernel goes into each capture before.
+void other_thread_malloc(const char* title, cudaStreamCaptureMode mode, const char* mode_name, bool ticks) {
+  Case c(title);
   cudaStream_t a = make_stream(), b = make_stream();
   SAY(cudaStreamBeginCapture(b, cudaStreamCaptureModeGlobal));
-  tick<<<1, 1, 0, b>>>(nullptr);
-  std::thread([a] {
-    const cudaError_t e = cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal);
-    std::printf("  [other thread] cudaStreamBeginCapture(global) -> %s\n", name(e));
-    tick<<<1, 1, 0, a>>>(nullptr);
+  if (ticks) tick<<<1, 1, 0, b>>>(nullptr);
+  std::thread([a, mode, mode_name, ticks] {
+    const cudaError_t e = cudaStreamBeginCapture(a, mode);
+    std::printf("  [other thread] cudaStreamBeginCapture(%s) -> %s\n", mode_name, name(e));
+    if (ticks) tick<<<1, 1, 0, a>>>(nullptr);
     void* p = nullptr;
     const cudaError_t m = cudaMalloc(&p, 1 << 20);
     std::printf("  [other thread] cudaMalloc -> %s; its capture %s\n", name(m), status_of(a));
@@ -383,23 +385,14 @@ void case_other_global_capture() {
   cudaStreamDestroy(b);
 }
 
+void case_other_global_capture() {
+  other_thread_malloc("thread B holds a global capture; thread A begins one, then calls cudaMalloc", cudaStreamCaptureModeGlobal,
+                      "global", true);
+}
+
 void case_other_global_threadlocal() {
-  Case c("thread B (main) holds a global capture; thread A with a thread-local capture calls cudaMalloc");
-  cudaStream_t a = make_stream(), b = make_stream();
-  SAY(cudaStreamBeginCapture(b, cudaStreamCaptureModeGlobal));
-  std::thread([a] {
-    const cudaError_t e = cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal);
-    std::printf("  [other thread] cudaStreamBeginCapture(thread-local) -> %s\n", name(e));
-    void* p = nullptr;
-    const cudaError_t m = cudaMalloc(&p, 1 << 20);
-    std::printf("  [other thread] cudaMalloc -> %s; its capture %s\n", name(m), status_of(a));
-    if (p) cudaFree(p);
-    end_and_report(a, "[other thread] end");
-  }).join();
-  std::printf("  main's capture after: %s\n", status_of(b));
-  end_and_report(b, "main end");
-  cudaStreamDestroy(a);
-  cudaStreamDestroy(b);
+  other_thread_malloc("thread B (main) holds a global capture; thread A with a thread-local capture calls cudaMalloc",
+                      cudaStreamCaptureModeThreadLocal, "thread-local", false);
 }
 
 void case_cublas(bool create_inside) {
