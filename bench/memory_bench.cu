@@ -19,6 +19,7 @@
 // are reached through graph/detail/bucket_memory.hpp and detail/exec_memory.hpp directly (the table says
 // which).
 #include "bench_util.hpp"
+#include "decoder_kernels.cuh"
 
 #include <tensorplay/cublas.hpp>
 #include <tensorplay/graph.hpp>
@@ -45,27 +46,15 @@ namespace tp = tensorplay;
 namespace {
 
 using Ladder = std::vector<std::size_t>;
-const Ladder ladder{1,   2,   4,   8,   12,  16,  24,  32,  40,  48,  56,  64,  80,  96,  112, 128,
-                    144, 160, 176, 192, 208, 224, 240, 256, 288, 320, 352, 384, 416, 448, 480, 512};
-constexpr int hidden = 4096;
-constexpr int ffn = 4 * hidden;
-constexpr int layers = 8;
+const Ladder ladder(std::begin(decoder::ladder), std::end(decoder::ladder));
+using decoder::add_into;
+using decoder::affine;
+using decoder::blocks;
+using decoder::ffn;
+using decoder::gated;
+using decoder::hidden;
+using decoder::layers;
 constexpr double mib = 1 << 20;
-
-__global__ void affine(const float* in, float* out, std::size_t n, float a, float b) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
-    out[i] = a * in[i] + b;
-}
-__global__ void gated(const float* up, const float* gate, float* out, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
-    out[i] = up[i] * gate[i] / (1.0f + __expf(-gate[i]));
-}
-__global__ void add_into(float* h, const float* t, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n; i += std::size_t{gridDim.x} * blockDim.x)
-    h[i] += t[i];
-}
-
-unsigned blocks(std::size_t n) { return static_cast<unsigned>(std::min<std::size_t>((n + 255) / 256, 2048)); }
 
 void check_cublas(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {

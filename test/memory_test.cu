@@ -18,7 +18,6 @@
 #include <cstddef>
 #include <cstdlib>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <vector>
 
@@ -61,20 +60,7 @@ struct NeedsWiring {
 
 // ---- host memory in place of cudaMalloc (the counters need no GPU) --------------------------
 
-struct HostBackend {
-  static inline std::set<void*> live;
-  static cudaError_t allocate(void** ptr, std::size_t bytes) {
-    *ptr = std::aligned_alloc(256, td::round_up(bytes, 256));
-    if (*ptr == nullptr) return cudaErrorMemoryAllocation;
-    live.insert(*ptr);
-    return cudaSuccess;
-  }
-  static void release(int, const std::vector<void*>& segments) {
-    for (void* s : segments) {
-      live.erase(s);
-      std::free(s);
-    }
-  }
+struct HostBackend : tp_test::HostSegments<HostBackend> {
   static td::CaptureSeq capture_seq(cudaStream_t) { return 0; }
 };
 const td::AllocatorBackend host_backend{&HostBackend::allocate, &HostBackend::release, &HostBackend::capture_seq};
@@ -307,13 +293,22 @@ BOOST_AUTO_TEST_SUITE_END()
 // =============================================================================================
 BOOST_AUTO_TEST_SUITE(executable_model)
 
-BOOST_AUTO_TEST_CASE(kernel_nodes_cost_more_above_a_kibibyte_of_parameters) {
+// The staircase measured on the H200 (tools/probes/exec_memory_probe.cu, issue 22): each step's
+// last measured size costs that step, the next measured size the next one.
+BOOST_AUTO_TEST_CASE(kernel_nodes_cost_more_in_steps_of_parameter_bytes) {
   static_assert(td::kernel_node_bytes(8) == node);
-  static_assert(td::kernel_node_bytes(1024) == node);
-  static_assert(td::kernel_node_bytes(16392) == 65382);
+  static_assert(td::kernel_node_bytes(1264) == node);
+  static_assert(td::kernel_node_bytes(1288) == 4549);  // cuBLAS fp16 gemmEx: 1720 B
+  static_assert(td::kernel_node_bytes(2272) == 4549);
+  static_assert(td::kernel_node_bytes(2304) == 8645);  // cuBLAS sm_90 TF32 gemm: 2352 B
+  static_assert(td::kernel_node_bytes(7176) == 8645);
+  static_assert(td::kernel_node_bytes(7688) == 49567);
+  static_assert(td::kernel_node_bytes(8200) == 49567);
+  static_assert(td::kernel_node_bytes(10248) == 65710);
+  static_assert(td::kernel_node_bytes(32008) == 65710);
   BOOST_TEST(td::kernel_node_bytes(2048) > node);
   BOOST_TEST(td::kernel_node_bytes(8192) > td::kernel_node_bytes(4096));
-  BOOST_TEST(td::kernel_node_bytes(32000) > td::kernel_node_bytes(16384));
+  BOOST_TEST(td::kernel_node_bytes(32000) >= td::kernel_node_bytes(16384));
   const tp::MemoryEstimate e{.pool_bytes = 3, .executable_bytes = 4};
   BOOST_TEST(e.total_bytes() == 7u);
 }

@@ -10,9 +10,12 @@
 // 40-200 executables per configuration in a fresh process so that the 2 MiB step divides away:
 //   - a lane (a chain of work nodes the driver can run in order) costs 112 KiB: a one-kernel
 //     executable 113 KiB, 256 independent kernels 28.6 MiB, 4 chains 3 x 112 KiB more than 1;
-//   - a kernel node 2.5 KiB, whatever its grid, while its parameters take up to 1 KiB; more
-//     parameters cost more (8.4 KiB per node at 4 KiB of parameters, 64 KiB at 16 KiB; between
-//     and beyond those points the model interpolates: not measured);
+//   - a kernel node 2.5 KiB, whatever its grid, cluster shape, shared memory, priority or
+//     programmatic edges, while its parameters take up to 1264 bytes; more parameters cost more,
+//     in steps (measured from 8 B to 32 000 B): 4.4 KiB up to 2272 B (cuBLAS's fp16 gemmEx
+//     kernels), 8.4 KiB up to 7176 B (its sm_90 TF32 gemms pass 2352 B), 48.4 KiB up to 8200 B,
+//     64 KiB above. A parameter size in a gap between two measured points (1264-1288 B, say)
+//     counts as the larger step;
 //   - a memcpy node 2.5 KiB; a memset node nothing beyond its lane; an empty node nothing
 //     (a graph of empty nodes takes no memory at all);
 //   - a child-graph node is inlined: its nodes cost what they cost in the parent;
@@ -50,26 +53,54 @@ namespace tensorplay::detail {
 //! The model's constants, from the H200 (tools/probes/exec_memory_probe.cu; the header says what).
 namespace exec_model {
 inline constexpr std::size_t lane_bytes = 112 << 10;  // per chain of work nodes
-inline constexpr std::size_t node_bytes = 2560;       // a kernel node (parameters up to 1 KiB), a memcpy node
-//! Bytes of a kernel node by the bytes of its parameters, between the measured points linearly,
-//! beyond the last one along the last segment.
-struct ParamPoint {
-  std::size_t param_bytes;
+inline constexpr std::size_t node_bytes = 2560;       // a kernel node (parameters up to 1264 B), a memcpy node
+//! Bytes of a kernel node by the bytes of its parameters: a staircase. Each step is the largest
+//! parameter size measured at that cost, and the cost (lane taken off, 128 or 256 nodes per
+//! executable); sizes up to a step's bound cost the step's bytes.
+struct ParamStep {
+  std::size_t up_to_param_bytes;
   std::size_t node_bytes;
 };
-// The probe's kernels take a blob of 1 KiB, 4 KiB or 16 KiB and a pointer; per node, with the
-// lanes taken off (the 16 KiB point from 64-kernel executables, the others from 256).
-inline constexpr ParamPoint kernel_points[] = {{1032, 2560}, {4104, 8563}, {16392, 65382}};
+inline constexpr ParamStep kernel_steps[] = {
+    {1264, 2560}, {2272, 4549}, {7176, 8645}, {8200, 49567}, {SIZE_MAX, 65710}};
 }  // namespace exec_model
 
 [[nodiscard]] constexpr std::size_t kernel_node_bytes(std::size_t param_bytes) noexcept {
-  constexpr auto& p = exec_model::kernel_points;
-  constexpr std::size_t n = std::size(p);
-  if (param_bytes <= p[0].param_bytes) return p[0].node_bytes;
-  std::size_t i = 1;
-  while (i + 1 < n && param_bytes > p[i].param_bytes) ++i;
-  const double slope = double(p[i].node_bytes - p[i - 1].node_bytes) / double(p[i].param_bytes - p[i - 1].param_bytes);
-  return p[i - 1].node_bytes + static_cast<std::size_t>(slope * double(param_bytes - p[i - 1].param_bytes));
+  for (const exec_model::ParamStep& step : exec_model::kernel_steps)
+    if (param_bytes <= step.up_to_param_bytes) return step.node_bytes;
+  return exec_model::kernel_steps[std::size(exec_model::kernel_steps) - 1].node_bytes;
+}
+
+//! The end of a kernel's last parameter, and how many it has, from `query(i, &offset, &size)`
+//! (true when parameter i exists: cuFuncGetParamInfo / cuKernelGetParamInfo). Those calls give
+//! no count (CUDA 12.4 has no call for it): a doubling, then a bisection, finds the last index
+//! they accept.
+struct ParamExtent {
+  std::size_t bytes = 0;
+  std::size_t count = 0;
+};
+template <class Query>
+[[nodiscard]] ParamExtent param_extent(Query&& query) {
+  auto end_of = [&](std::size_t i, std::size_t& end) {
+    std::size_t offset = 0, size = 0;
+    if (!query(i, &offset, &size)) return false;
+    end = offset + size;
+    return true;
+  };
+  ParamExtent extent;
+  if (!end_of(0, extent.bytes)) return extent;
+  std::size_t good = 0, bad = 1, end = 0;
+  while (bad < (std::size_t{1} << 16) && end_of(bad, end)) {
+    good = bad;
+    bad *= 2;
+  }
+  while (bad - good > 1) {
+    const std::size_t mid = good + (bad - good) / 2;
+    (end_of(mid, end) ? good : bad) = mid;
+  }
+  (void)end_of(good, extent.bytes);
+  extent.count = good + 1;
+  return extent;
 }
 
 //! The bodies of the conditional nodes of a graph and of its bodies, recorded when each node was
@@ -331,27 +362,9 @@ class ExecModelWalk {
     const ParamInfoApi::GetParamInfo query = is_kernel ? info.kernel : info.function;
     if (function == nullptr || query == nullptr) return 0;
     if (const auto it = sizes_.find(function); it != sizes_.end()) return it->second;
-    // The parameter count is not asked for (CUDA 12.4 has no call for it): a doubling, then a
-    // bisection, finds the last index the driver accepts.
-    auto end_of = [&](std::size_t i, std::size_t& end) {
-      std::size_t offset = 0, size = 0;
-      if (query(function, i, &offset, &size) != 0) return false;
-      end = offset + size;
-      return true;
-    };
-    std::size_t bytes = 0;
-    if (end_of(0, bytes)) {
-      std::size_t good = 0, bad = 1, end = 0;
-      while (bad < (std::size_t{1} << 16) && end_of(bad, end)) {
-        good = bad;
-        bad *= 2;
-      }
-      while (bad - good > 1) {
-        const std::size_t mid = good + (bad - good) / 2;
-        (end_of(mid, end) ? good : bad) = mid;
-      }
-      (void)end_of(good, bytes);
-    }
+    const std::size_t bytes = param_extent([&](std::size_t i, std::size_t* offset, std::size_t* size) {
+                                return query(function, i, offset, size) == 0;
+                              }).bytes;
     (void)cudaGetLastError();
     sizes_.emplace(function, bytes);
     return bytes;
