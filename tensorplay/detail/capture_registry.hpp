@@ -145,13 +145,18 @@ class CaptureRegistry {
     return out;
   }
 
-  //! The capture that registered `context` ended (its bodies are gone already). When the last
-  //! capture ends, deferred cudaFrees run.
-  void remove_capture(CaptureContext* context) noexcept {
+  //! The capture that registered `context` ended (its bodies are gone already); `failed`: it
+  //! did not end well. When the last capture ends, deferred cudaFrees run.
+  //! Its record joins the ended ones when the doctor may still ask for it: it failed, or some
+  //! evidence arrived while it was open (a call it made may have broken another capture). A
+  //! capture that ended well with no evidence on record takes part in no failure, and skipping
+  //! the copy keeps the ring's cache lines off the path of every capture.
+  void remove_capture(CaptureContext* context, bool failed = true) noexcept {
     std::vector<Buried> due;
     {
       std::lock_guard lock(mutex_);
-      erase_first([context](const Entry& e) { return e.stream != nullptr && e.context == context; });
+      erase_first([context](const Entry& e) { return e.stream != nullptr && e.context == context; },
+                  [failed](const Entry& e) { return failed || CaptureEvidence::instance().mark() != e.record.opened; });
       const int open = open_.load(std::memory_order_relaxed) - 1;
       open_.store(open, std::memory_order_release);
       if (open == 0) due.swap(buried_);
@@ -268,16 +273,18 @@ class CaptureRegistry {
     return found;
   }
 
-  // Removes the first entry that matches, keeping its record among the ended ones.
-  template <class Pred>
-  void erase_first(Pred pred) noexcept {
+  // Removes the first entry that matches, keeping its record among the ended ones if `keep` says so.
+  template <class Pred, class Keep = bool (*)(const Entry&)>
+  void erase_first(Pred pred, Keep keep = [](const Entry&) { return true; }) noexcept {
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       if (!pred(entries_[i])) continue;
-      CaptureRecord& ended = ended_[ended_count_++ % ended_kept];
-      ended = entries_[i].record;
-      ended.seq = entries_[i].seq;
-      ended.closed = CaptureEvidence::instance().mark();
-      entries_[i] = entries_.back();
+      if (keep(entries_[i])) {
+        CaptureRecord& ended = ended_[ended_count_++ % ended_kept];
+        ended = entries_[i].record;
+        ended.seq = entries_[i].seq;
+        ended.closed = CaptureEvidence::instance().mark();
+      }
+      if (i + 1 != entries_.size()) entries_[i] = entries_.back();
       entries_.pop_back();
       return;
     }

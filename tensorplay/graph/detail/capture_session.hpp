@@ -123,7 +123,7 @@ class CaptureSession final : public CaptureOwner {
                   " conditional body(ies) still open; call end_capture_to_conditional_node first");
     GraphHandle graph;
     const cudaError_t status = end_capture(stream_, graph.out());
-    std::shared_ptr<PoolImpl> pool = finish(CaptureEnd::Ended);
+    std::shared_ptr<PoolImpl> pool = finish(CaptureEnd::Ended, true, status != cudaSuccess);
     if (status != cudaSuccess) throw_end_failure(status, "cudaStreamEndCapture", stream_, 0, where);  // says why it broke
     return {std::move(graph), device_, mode_, std::move(pool), conditionals_, std::move(conditional_bodies_)};
   }
@@ -235,10 +235,11 @@ class CaptureSession final : public CaptureOwner {
   }
 
   // Restores the current stream, unregisters, lets the pool settle what the capture freed.
-  std::shared_ptr<PoolImpl> finish(CaptureEnd why, bool restore_current = true) noexcept {
+  // `failed`: the doctor may be asked about it (the registry keeps its record).
+  std::shared_ptr<PoolImpl> finish(CaptureEnd why, bool restore_current = true, bool failed = true) noexcept {
     if (restore_current) thread_streams().pop(device_, stream_);
     std::shared_ptr<PoolImpl> pool = context_.close();
-    CaptureRegistry::instance().remove_capture(&context_);
+    CaptureRegistry::instance().remove_capture(&context_, failed);
     end_.store(why, std::memory_order_release);
     return pool;
   }
