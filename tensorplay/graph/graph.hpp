@@ -52,8 +52,10 @@ enum class ConditionalKind { If, While };
 template <ConditionalKind K>
 class ConditionalScope;
 
+class Graph;
+
 namespace detail {
-struct GraphAccess;
+inline const ConditionalBodies* recorded_bodies(const Graph& graph) noexcept;  // defined after Graph
 
 //! A file path: std::filesystem::path (native char), std::string, or a C string.
 template <class P>
@@ -403,7 +405,7 @@ class Graph {
  private:
   template <ConditionalKind>
   friend class ConditionalScope;
-  friend struct detail::GraphAccess;
+  friend const detail::ConditionalBodies* detail::recorded_bodies(const Graph& graph) noexcept;  // for the memory model
 
   // capture_end without compiling (instantiate() compiles later): for captures that must all
   // end before any is compiled (DeviceGroupGraph), or whose graphs share one executable.
@@ -627,12 +629,10 @@ class Graph {
 
 namespace detail {
 
-//! What GraphBuckets::estimate needs of a Graph beyond its public API: the bodies of the
-//! conditional nodes of the graph it holds, which CUDA cannot list from the node (the
-//! executable-memory model, detail/exec_memory.hpp).
-struct GraphAccess {
-  static const ConditionalBodies* conditional_bodies(const Graph& graph) noexcept { return &graph.exec_.bodies(); }
-};
+//! The bodies of the conditional nodes of the graph `graph` holds, which CUDA cannot list from
+//! the node: what GraphBuckets::estimate needs of a Graph beyond its public API (the
+//! executable-memory model, detail/exec_memory.hpp; graph/detail/bucket_memory.hpp).
+inline const ConditionalBodies* recorded_bodies(const Graph& graph) noexcept { return &graph.exec_.bodies(); }
 
 }  // namespace detail
 }  // namespace tensorplay

@@ -51,14 +51,6 @@ struct MemoryEstimate {
 
 namespace detail {
 
-//! The conditional bodies a Graph recorded for its captured graph, once GraphAccess gives them
-//! (null before: the model then counts each conditional body as empty).
-template <class Access = GraphAccess>
-const ConditionalBodies* recorded_bodies(const Graph& graph) noexcept {
-  if constexpr (requires { Access::conditional_bodies(graph); }) return Access::conditional_bodies(graph);
-  else return nullptr;
-}
-
 //! The modelled bytes of the executable of the graph `graph` holds, compiled or not.
 inline std::size_t held_graph_bytes(const Graph& graph, const tensorplay::source_location& where) {
   return modelled_exec_bytes(graph.native_graph(), recorded_bodies(graph), where);
