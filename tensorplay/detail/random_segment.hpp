@@ -11,9 +11,9 @@
 // would take: launches before a conditional node, then the node's bodies, then what follows.
 //
 // The segment's launches must be issued to the stream the draws were made on (the advance node
-// is their ancestor there). A Graph replayed into the capture (a child graph) between two draws
-// of one segment takes its offsets after both: no offset is taken twice, but the order differs
-// from an eager run.
+// is their ancestor there). A Graph replayed into the capture (a child graph) ends the segment,
+// as a conditional node does (Graph::add_to_capture): draws after it take their offsets after
+// the child's, in the order of an eager run.
 #pragma once
 
 #include <tensorplay/detail/capture_context.hpp>
