@@ -29,10 +29,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 namespace tensorplay::detail {
@@ -80,8 +80,9 @@ class CaptureDoctor {
     facts.culprit = "cudaStreamBeginCapture";
     const std::uint64_t now = CaptureEvidence::instance().mark();
     const std::vector<Evidence> seen = CaptureEvidence::instance().between(now > 8 ? now - 8 : 0, now);
-    for (auto it = seen.rbegin(); it != seen.rend(); ++it) {
-      if (it->thread != std::this_thread::get_id() || it->source != EvidenceSource::DriverLog) continue;
+    for (std::size_t k = seen.size(); k-- > 0;) {  // newest first
+      const Evidence* it = &seen[k];
+      if (it->thread != this_thread_id() || it->source != EvidenceSource::DriverLog) continue;
       if (parse_driver_return(it->text).code == 0) continue;
       facts.driver_message = message_of(*it, seen);
       break;
@@ -171,14 +172,15 @@ class CaptureDoctor {
   // the same thread, then that line.
   static std::string message_of(const Evidence& returning, const std::vector<Evidence>& seen) {
     std::vector<const Evidence*> before;
-    for (auto it = seen.rbegin(); it != seen.rend(); ++it) {
+    for (std::size_t k = seen.size(); k-- > 0;) {  // newest first
+      const Evidence* it = &seen[k];
       if (it->index >= returning.index || it->thread != returning.thread || it->source != EvidenceSource::DriverLog) continue;
       if (returning.index - it->index > 4 || before.size() == 2) break;
       if (parse_driver_return(it->text).code != 0 || is_aftermath(it->text)) break;
-      before.push_back(&*it);
+      before.push_back(it);
     }
     std::string text;
-    for (auto it = before.rbegin(); it != before.rend(); ++it) text += (*it)->text + "; ";
+    for (std::size_t k = before.size(); k-- > 0;) text += before[k]->text + "; ";
     return text + returning.text;
   }
 
@@ -188,7 +190,8 @@ class CaptureDoctor {
   // What the driver said about the capture's own end, when no call broke it (a fork not joined,
   // a stream that is not capturing any more): the last end's lines on the capturing thread.
   static std::string last_end_message(const std::vector<Evidence>& seen, const CaptureRecord* capture) {
-    for (auto it = seen.rbegin(); it != seen.rend(); ++it) {
+    for (std::size_t k = seen.size(); k-- > 0;) {  // newest first
+      const Evidence* it = &seen[k];
       if (it->source != EvidenceSource::DriverLog || (capture != nullptr && it->thread != capture->thread)) continue;
       const DriverReturn r = parse_driver_return(it->text);
       if (r.code == 0 || r.code == cudaErrorStreamCaptureInvalidated) continue;

@@ -11,6 +11,7 @@
 #include <tensorplay/config.hpp>
 
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 
 #include <array>
 #include <atomic>
@@ -19,7 +20,6 @@
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 namespace tensorplay::detail {
@@ -33,12 +33,23 @@ constexpr bool breaks_capture(int status) noexcept {
          status == cudaErrorCapturedEvent || status == cudaErrorStreamCaptureWrongThread;
 }
 
+//! Which thread: what std::thread::id holds on POSIX (a pthread_t compared with ==; the default,
+//! 0, names no thread), without <thread> and the <stop_token> and <semaphore> it brings into
+//! every translation unit.
+struct ThreadId {
+  pthread_t value = 0;
+  friend bool operator==(ThreadId, ThreadId) = default;
+};
+
+//! The calling thread.
+inline ThreadId this_thread_id() noexcept { return {pthread_self()}; }
+
 //! Who reported a record.
 enum class EvidenceSource : unsigned char { DriverLog, RuntimeApi, DriverApi };
 
 struct Evidence {
   std::uint64_t index = 0;         // position in the process's sequence of records
-  std::thread::id thread;          // the thread whose call produced it (callbacks run on it)
+  ThreadId thread;                 // the thread whose call produced it (callbacks run on it)
   EvidenceSource source = EvidenceSource::DriverLog;
   int status = 0;                  // API records: what the call returned (cudaError_t, CUresult alike)
   cudaStream_t stream = nullptr;   // API records of cudaStreamEndCapture: its stream
@@ -66,7 +77,7 @@ class CaptureEvidence {
       const std::uint64_t index = next_.load(std::memory_order_relaxed);
       Evidence& slot = ring_[index % capacity];
       slot.index = index;
-      slot.thread = std::this_thread::get_id();
+      slot.thread = this_thread_id();
       slot.source = source;
       slot.status = status;
       slot.stream = stream;

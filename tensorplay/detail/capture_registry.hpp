@@ -28,7 +28,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -59,7 +58,7 @@ struct CaptureRecord {
   bool body = false;
   std::size_t depth = 0;                   // a body's nesting depth: 1 directly inside the capture
   tensorplay::source_location where{};     // where capture_begin (or the body) was asked for
-  std::thread::id thread;                  // the thread that began it
+  ThreadId thread;                         // the thread that began it
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   std::uint64_t opened = 0;                // CaptureEvidence::mark() when it began
   std::uint64_t closed = still_open;       // ... when it ended
@@ -89,7 +88,7 @@ class CaptureRegistry {
     CaptureRecord record;
     record.origin = stream;
     record.where = where;
-    record.thread = std::this_thread::get_id();
+    record.thread = this_thread_id();
     record.mode = mode;
     record.opened = CaptureEvidence::instance().mark();
     std::lock_guard lock(mutex_);
@@ -102,7 +101,7 @@ class CaptureRegistry {
     std::lock_guard lock(mutex_);
     CaptureRecord record;
     record.body = true;
-    record.thread = std::this_thread::get_id();
+    record.thread = this_thread_id();
     record.opened = CaptureEvidence::instance().mark();
     record.depth = 1;
     for (const Entry& e : entries_) {

@@ -290,13 +290,13 @@ class StagingNodes {
     const int count = batch.count();
     plan_count_ = 0;  // no plan while the two nodes may disagree
     with_capacity(batch.log2_capacity(), [&]<int Capacity>() {
-      auto plan = std::make_unique<kernels::RingCopyPlan<Capacity>>();
-      plan->state = ring_->device_state();
-      plan->status = ring_->device_status();
-      plan->count = count;
-      for (int i = 0; i <= count; ++i) plan->first_tile[i] = batch.first_tile(i);
-      for (int i = 0; i < count; ++i) plan->targets[i] = {batch.entry(i).dst, batch.entry(i).bytes};
-      void* args[] = {plan.get()};
+      kernels::RingCopyPlan<Capacity> plan;  // at most 1.3 KB; CUDA copies it before returning
+      plan.state = ring_->device_state();
+      plan.status = ring_->device_status();
+      plan.count = count;
+      for (int i = 0; i <= count; ++i) plan.first_tile[i] = batch.first_tile(i);
+      for (int i = 0; i < count; ++i) plan.targets[i] = {batch.entry(i).dst, batch.entry(i).bytes};
+      void* args[] = {&plan};
       cudaKernelNodeParams params{};
       params.func = reinterpret_cast<void*>(library.ring_copy(batch.log2_capacity()));
       params.gridDim = dim3(batch.blocks(max_blocks_));
