@@ -29,11 +29,11 @@
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/offload.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -191,7 +191,7 @@ class PoolImpl {
   //! A block of at least `bytes` for use on `stream`, within capture sequence `seq` (0: eager).
   Block* allocate(std::size_t bytes, cudaStream_t stream, CaptureSeq seq, const tensorplay::source_location& where) {
     stream = pool_stream_key(stream);
-    const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), round_bytes);
+    const std::size_t size = round_up(bytes > 1 ? bytes : std::size_t{1}, round_bytes);
     std::lock_guard lock(mutex_);
     if (offloaded_.load(std::memory_order_relaxed)) [[unlikely]]
       throw_offloaded("an allocation");
@@ -206,7 +206,7 @@ class PoolImpl {
     block->seq = seq;
     block->uses.clear();
     allocated_ += block->size;
-    peak_allocated_ = std::max(peak_allocated_, allocated_);
+    if (allocated_ > peak_allocated_) peak_allocated_ = allocated_;
     return block;
   }
 
@@ -216,7 +216,7 @@ class PoolImpl {
     allocated_ -= block->size;
     if (!capture_seqs_.empty() && block->stream != nullptr) {
       const CaptureSeq seq = backend_->capture_seq(block->stream);
-      if (seq != 0 && std::find(capture_seqs_.begin(), capture_seqs_.end(), seq) != capture_seqs_.end()) {
+      if (seq != 0 && contains(capture_seqs_, seq)) {
         if (block->uses.empty()) {
           block->seq = seq;
           insert_free(block);
@@ -311,7 +311,7 @@ class PoolImpl {
     stream = pool_stream_key(stream);
     std::lock_guard lock(mutex_);
     if (stream == block->stream) return;
-    if (std::find(block->uses.begin(), block->uses.end(), stream) == block->uses.end()) block->uses.push_back(stream);
+    if (!contains(block->uses, stream)) block->uses.push_back(stream);
   }
 
   //! Gives CUDA back every segment no block of which is in use. Only for the default pools:
@@ -481,7 +481,7 @@ class PoolImpl {
   // longer exist, and the events of blocks freed while eager work may still touch them.
   void collect_live(std::vector<HostRun>& runs, PendingWork& work) const {
     auto add_stream = [&](cudaStream_t s) {
-      if (s != nullptr && std::find(work.streams.begin(), work.streams.end(), s) == work.streams.end()) work.streams.push_back(s);
+      if (s != nullptr && !contains(work.streams, s)) work.streams.push_back(s);
     };
     for (const Block* head : segments_) {
       const std::size_t first = runs.size();  // runs never span two segments (two allocations)

@@ -34,12 +34,12 @@
 
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/driver_api.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -214,11 +214,8 @@ class ExecModelWalk {
     for (std::size_t i = 0; i < count; ++i) ends[i] = add_node(nodes[i], flat, shape);
     std::vector<std::pair<cudaGraphNode_t, std::size_t>> index(count);
     for (std::size_t i = 0; i < count; ++i) index[i] = {nodes[i], i};
-    std::sort(index.begin(), index.end());
-    auto find = [&](cudaGraphNode_t n) {
-      const auto it = std::lower_bound(index.begin(), index.end(), std::pair{n, std::size_t{0}});
-      return it->second;
-    };
+    sort_range(index.data(), index.size());
+    auto find = [&](cudaGraphNode_t n) { return index[lower_bound_index(index.data(), index.size(), std::pair{n, std::size_t{0}})].second; };
     std::size_t edges = 0;
     TENSORPLAY_CHECK(get_edges(graph, nullptr, nullptr, nullptr, &edges), where_);
     std::vector<cudaGraphNode_t> from(edges), to(edges);
@@ -331,7 +328,8 @@ class ExecModelWalk {
       }
       auto open = [&](std::uint32_t c) { return tail[lane[c]] == c; };
       if (flat[v].work) {
-        const auto it = std::find_if(candidates.begin(), candidates.end(), open);
+        auto it = candidates.begin();
+        while (it != candidates.end() && !open(*it)) ++it;
         if (it != candidates.end()) {
           lane[v] = lane[*it];
           tail[lane[v]] = v;
@@ -341,7 +339,7 @@ class ExecModelWalk {
         }
       } else {
         for (std::uint32_t c : candidates)
-          if (open(c) && std::find(offers[v].begin(), offers[v].end(), c) == offers[v].end()) offers[v].push_back(c);
+          if (open(c) && !contains(offers[v], c)) offers[v].push_back(c);
       }
       for (std::uint32_t s : flat[v].next)
         if (--pending[s] == 0) ready.push_back(s);

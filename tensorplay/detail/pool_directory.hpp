@@ -7,11 +7,11 @@
 #include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -113,8 +113,9 @@ class PoolDirectory {
   using Entry = std::pair<std::uint64_t, std::weak_ptr<PoolImpl>>;
   // The first entry whose serial is not below `serial`. Mutex held.
   std::vector<Entry>::iterator position(std::uint64_t serial) {
-    return std::lower_bound(live_.begin(), live_.end(), serial,
-                            [](const Entry& entry, std::uint64_t s) { return entry.first < s; });
+    const std::size_t i =
+        lower_bound_index(live_.data(), live_.size(), serial, [](const Entry& entry, std::uint64_t s) { return entry.first < s; });
+    return live_.begin() + static_cast<std::ptrdiff_t>(i);
   }
 
   void forget(std::uint64_t serial) {

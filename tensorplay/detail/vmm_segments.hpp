@@ -16,12 +16,12 @@
 #include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/detail/vmm_api.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -142,7 +142,8 @@ class VmmSegments {
   void release(const std::vector<void*>& bases) noexcept {
     for (void* p : bases) {
       const auto base = static_cast<VmmAddress>(reinterpret_cast<std::uintptr_t>(p));
-      auto it = std::find_if(segments_.begin(), segments_.end(), [&](const VmmSegment& s) { return s.base == base; });
+      auto it = segments_.begin();
+      while (it != segments_.end() && it->base != base) ++it;
       if (it == segments_.end()) continue;
       retire(*it);
       segments_.erase(it);

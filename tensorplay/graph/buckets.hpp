@@ -34,6 +34,7 @@
 
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/detail/bucket_memory.hpp>
 #include <tensorplay/graph/detail/executable.hpp>
@@ -48,7 +49,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -264,11 +264,11 @@ class GraphBuckets {
   //! Whether the bucket of this size (a size of the ladder) holds a captured graph now.
   //! \throws usage_error when `bucket` is not a size of the ladder.
   [[nodiscard]] bool is_captured(std::size_t bucket) const {
-    const auto it = std::lower_bound(sizes_.begin(), sizes_.end(), bucket);
-    if (it == sizes_.end() || *it != bucket)
+    const std::size_t i = detail::lower_bound_index(sizes_.data(), sizes_.size(), bucket);
+    if (i == sizes_.size() || sizes_[i] != bucket)
       detail::throw_usage("GraphBuckets::is_captured: " + std::to_string(bucket) +
                           " is not a batch size of the ladder (pass a size, not an index)");
-    return buckets_[static_cast<std::size_t>(it - sizes_.begin())].captured;
+    return buckets_[i].captured;
   }
 
   //! The pool every bucket captures into (made on first need when BucketOptions::pool is empty).
@@ -294,9 +294,13 @@ class GraphBuckets {
   [[nodiscard]] const std::vector<std::size_t>& sizes() const noexcept { return sizes_; }
   //! Executables held now: captured buckets, or with share_executables the shared executables.
   [[nodiscard]] std::size_t executables() const noexcept {
-    if (options_.share_executables)
-      return static_cast<std::size_t>(std::ranges::count_if(slots_, [](const Slot& s) { return static_cast<bool>(s.exec); }));
-    return static_cast<std::size_t>(std::ranges::count_if(buckets_, &Bucket::captured));
+    std::size_t held = 0;
+    if (options_.share_executables) {
+      for (const Slot& s : slots_) held += static_cast<bool>(s.exec) ? 1 : 0;
+    } else {
+      for (const Bucket& b : buckets_) held += b.captured ? 1 : 0;
+    }
+    return held;
   }
 
  private:
@@ -316,8 +320,8 @@ class GraphBuckets {
   // The bucket index for n: `none` above the ladder. \throws usage_error for n = 0.
   std::size_t find(std::size_t n, const char* what) const {
     if (n == 0) detail::throw_usage(std::string("GraphBuckets::") + what + ": a batch of 0 has no bucket");
-    const auto it = std::lower_bound(sizes_.begin(), sizes_.end(), n);
-    return it == sizes_.end() ? none : static_cast<std::size_t>(it - sizes_.begin());
+    const std::size_t i = detail::lower_bound_index(sizes_.data(), sizes_.size(), n);
+    return i == sizes_.size() ? none : i;
   }
 
   // find(), and the overflow policy above the ladder.

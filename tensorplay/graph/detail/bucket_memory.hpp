@@ -15,6 +15,7 @@
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/exec_memory.hpp>
 #include <tensorplay/detail/reaper.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/graph/piecewise.hpp>
@@ -26,7 +27,6 @@
 
 #include <time.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -93,8 +93,8 @@ inline void append_topology(cudaGraph_t graph, const ConditionalBodies* bodies, 
   }
   std::vector<std::pair<cudaGraphNode_t, std::size_t>> index(count);
   for (std::size_t i = 0; i < count; ++i) index[i] = {nodes[i], i};
-  std::sort(index.begin(), index.end());
-  auto find = [&](cudaGraphNode_t n) { return std::lower_bound(index.begin(), index.end(), std::pair{n, std::size_t{0}})->second; };
+  sort_range(index.data(), index.size());
+  auto find = [&](cudaGraphNode_t n) { return index[lower_bound_index(index.data(), index.size(), std::pair{n, std::size_t{0}})].second; };
   std::size_t edges = 0;
   TENSORPLAY_CHECK(get_edges(graph, nullptr, nullptr, nullptr, &edges), where);
   std::vector<cudaGraphNode_t> from(edges), to(edges);
@@ -102,7 +102,7 @@ inline void append_topology(cudaGraph_t graph, const ConditionalBodies* bodies, 
   if (edges != 0) TENSORPLAY_CHECK(get_edges(graph, from.data(), to.data(), data.data(), &edges), where);
   std::vector<std::uint64_t> pairs(edges);
   for (std::size_t e = 0; e < edges; ++e) pairs[e] = (std::uint64_t{find(from[e])} << 32) | find(to[e]);
-  std::sort(pairs.begin(), pairs.end());
+  sort_range(pairs.data(), pairs.size());
   out.push_back(edges);
   out.insert(out.end(), pairs.begin(), pairs.end());
 }

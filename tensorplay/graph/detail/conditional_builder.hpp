@@ -16,6 +16,7 @@
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/detail/kernel_library.hpp>
 #include <tensorplay/detail/random_epoch.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/detail/capture_session.hpp>
 #include <tensorplay/graph/options.hpp>
@@ -25,7 +26,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <string>
@@ -354,9 +354,9 @@ inline void move_body(cudaGraph_t from, cudaGraph_t to, const std::vector<std::p
       if (mark == node) copy = real;
     copies.emplace_back(node, copy != nullptr ? copy : copy_node(node, to, where));
   }
-  std::sort(copies.begin(), copies.end());
+  sort_range(copies.data(), copies.size());
   auto copy_of = [&](cudaGraphNode_t node) {
-    return std::lower_bound(copies.begin(), copies.end(), std::pair(node, cudaGraphNode_t{}))->second;
+    return copies[lower_bound_index(copies.data(), copies.size(), std::pair(node, cudaGraphNode_t{}))].second;
   };
   std::size_t edges = 0;
   TENSORPLAY_CHECK(get_edges(from, nullptr, nullptr, nullptr, &edges), where);

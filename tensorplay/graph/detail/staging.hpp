@@ -14,13 +14,13 @@
 #include <tensorplay/detail/capture_context.hpp>
 #include <tensorplay/detail/kernel_library.hpp>
 #include <tensorplay/detail/kernels/kernel_abi.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/tensor.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <array>
 #include <concepts>
 #include <cstddef>
@@ -234,7 +234,7 @@ void order_statics(const std::array<ByteRange, N>& statics, StaticOrder& cache) 
   order.reserve(N);
   for (std::size_t i = 0; i < N; ++i)
     if (!statics[i].empty()) order.push_back(i);
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return statics[a].begin < statics[b].begin; });
+  sort_range(order.data(), order.size(), [&](std::size_t a, std::size_t b) { return statics[a].begin < statics[b].begin; });
   for (std::size_t k = 1; k < order.size(); ++k)
     if (statics[order[k - 1]].overlaps(statics[order[k]]))
       throw_usage("stage_and_launch: pairs " + std::to_string(order[k - 1]) + " and " + std::to_string(order[k]) +
@@ -275,7 +275,7 @@ void check_overlaps(const std::array<ByteRange, N>& statics, const std::array<By
     throw_usage(pair_name(i) + ": the input overlaps the static buffer of pair " + std::to_string(j) +
                 " (a copy would read what another writes)");
   }
-  std::copy(inputs.begin(), inputs.end(), cache.inputs.begin());  // every pair passed
+  for (std::size_t i = 0; i < inputs.size(); ++i) cache.inputs[i] = inputs[i];  // every pair passed
 }
 
 //! A pair whose planning needs no pointer query: both sides contiguous, of one element type, and
