@@ -12,7 +12,8 @@
 // For the capture doctor (capture_doctor.hpp) each capture and body also keeps where it was
 // asked for, its thread and mode, and where the doctor's evidence stood when it began; the
 // last few that ended are kept too, so that a failure can name a capture that is already over
-// (another thread's, whose call broke this one).
+// (another thread's, whose call broke this one): those that failed, and those during which
+// some evidence arrived (remove_capture).
 #pragma once
 
 #include <tensorplay/config.hpp>
