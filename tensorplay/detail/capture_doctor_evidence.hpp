@@ -9,9 +9,9 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
+#include <tensorplay/detail/thread_id.hpp>
 
 #include <cuda_runtime_api.h>
-#include <pthread.h>
 
 #include <array>
 #include <atomic>
@@ -32,17 +32,6 @@ constexpr bool breaks_capture(int status) noexcept {
          status == cudaErrorStreamCaptureIsolation || status == cudaErrorStreamCaptureImplicit ||
          status == cudaErrorCapturedEvent || status == cudaErrorStreamCaptureWrongThread;
 }
-
-//! Which thread: what std::thread::id holds on POSIX (a pthread_t compared with ==; the default,
-//! 0, names no thread), without <thread> and the <stop_token> and <semaphore> it brings into
-//! every translation unit.
-struct ThreadId {
-  pthread_t value = 0;
-  friend bool operator==(ThreadId, ThreadId) = default;
-};
-
-//! The calling thread.
-inline ThreadId this_thread_id() noexcept { return {pthread_self()}; }
 
 //! Who reported a record.
 enum class EvidenceSource : unsigned char { DriverLog, RuntimeApi, DriverApi };

@@ -20,6 +20,7 @@
 #include <tensorplay/detail/capture_doctor_watch.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device_guard.hpp>
+#include <tensorplay/detail/thread_id.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>

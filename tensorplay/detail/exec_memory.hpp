@@ -34,7 +34,7 @@
 
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/driver_api.hpp>
-#include <tensorplay/detail/small_algorithm.hpp>
+#include <tensorplay/detail/graph_topology.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
 
@@ -204,27 +204,15 @@ class ExecModelWalk {
   // the graph as a whole attach. Node bytes (not lanes) go into `shape`.
   void flatten(cudaGraph_t graph, std::vector<Flat>& flat, std::vector<std::uint32_t>& roots, std::vector<std::uint32_t>& leaves,
                ExecShape& shape) {
-    std::size_t count = 0;
-    TENSORPLAY_CHECK(cudaGraphGetNodes(graph, nullptr, &count), where_);
-    std::vector<cudaGraphNode_t> nodes(count);
-    if (count != 0) TENSORPLAY_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count), where_);
-    nodes.resize(count);
+    const GraphTopology topology(graph, where_);
+    const std::size_t count = topology.nodes.size();
     // Where each node's incoming and outgoing edges attach in `flat`.
     std::vector<std::pair<std::uint32_t, std::uint32_t>> ends(count);
-    for (std::size_t i = 0; i < count; ++i) ends[i] = add_node(nodes[i], flat, shape);
-    std::vector<std::pair<cudaGraphNode_t, std::size_t>> index(count);
-    for (std::size_t i = 0; i < count; ++i) index[i] = {nodes[i], i};
-    sort_range(index.data(), index.size());
-    auto find = [&](cudaGraphNode_t n) { return index[lower_bound_index(index.data(), index.size(), std::pair{n, std::size_t{0}})].second; };
-    std::size_t edges = 0;
-    TENSORPLAY_CHECK(get_edges(graph, nullptr, nullptr, nullptr, &edges), where_);
-    std::vector<cudaGraphNode_t> from(edges), to(edges);
-    std::vector<cudaGraphEdgeData> data(edges);  // programmatic edges make a query without it lossy
-    if (edges != 0) TENSORPLAY_CHECK(get_edges(graph, from.data(), to.data(), data.data(), &edges), where_);
+    for (std::size_t i = 0; i < count; ++i) ends[i] = add_node(topology.nodes[i], flat, shape);
     std::vector<bool> has_in(count, false), has_out(count, false);
-    for (std::size_t e = 0; e < edges; ++e) {
-      const std::size_t a = find(from[e]);
-      const std::size_t b = find(to[e]);
+    for (std::size_t e = 0; e < topology.edge_count(); ++e) {
+      const std::size_t a = topology.index_of(topology.from[e]);
+      const std::size_t b = topology.index_of(topology.to[e]);
       flat[ends[a].second].next.push_back(ends[b].first);
       has_out[a] = true;
       has_in[b] = true;

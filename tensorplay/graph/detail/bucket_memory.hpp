@@ -14,6 +14,7 @@
 
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/exec_memory.hpp>
+#include <tensorplay/detail/graph_topology.hpp>
 #include <tensorplay/detail/reaper.hpp>
 #include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
@@ -71,13 +72,9 @@ std::size_t unit_executable_bytes(const Unit& unit, const tensorplay::source_loc
 //! bodies likewise. Graphs with equal topologies share one executable (share_executables).
 inline void append_topology(cudaGraph_t graph, const ConditionalBodies* bodies, std::vector<std::uint64_t>& out,
                             const tensorplay::source_location& where) {
-  std::size_t count = 0;
-  TENSORPLAY_CHECK(cudaGraphGetNodes(graph, nullptr, &count), where);
-  std::vector<cudaGraphNode_t> nodes(count);
-  if (count != 0) TENSORPLAY_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count), where);
-  nodes.resize(count);
-  out.push_back(count);
-  for (cudaGraphNode_t node : nodes) {
+  const GraphTopology topology(graph, where);
+  out.push_back(topology.nodes.size());
+  for (cudaGraphNode_t node : topology.nodes) {
     cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
     TENSORPLAY_CHECK(cudaGraphNodeGetType(node, &type), where);
     out.push_back(static_cast<std::uint64_t>(type));
@@ -91,17 +88,10 @@ inline void append_topology(cudaGraph_t graph, const ConditionalBodies* bodies, 
       for (cudaGraph_t body : of) append_topology(body, bodies, out, where);
     }
   }
-  std::vector<std::pair<cudaGraphNode_t, std::size_t>> index(count);
-  for (std::size_t i = 0; i < count; ++i) index[i] = {nodes[i], i};
-  sort_range(index.data(), index.size());
-  auto find = [&](cudaGraphNode_t n) { return index[lower_bound_index(index.data(), index.size(), std::pair{n, std::size_t{0}})].second; };
-  std::size_t edges = 0;
-  TENSORPLAY_CHECK(get_edges(graph, nullptr, nullptr, nullptr, &edges), where);
-  std::vector<cudaGraphNode_t> from(edges), to(edges);
-  std::vector<cudaGraphEdgeData> data(edges);
-  if (edges != 0) TENSORPLAY_CHECK(get_edges(graph, from.data(), to.data(), data.data(), &edges), where);
+  const std::size_t edges = topology.edge_count();
   std::vector<std::uint64_t> pairs(edges);
-  for (std::size_t e = 0; e < edges; ++e) pairs[e] = (std::uint64_t{find(from[e])} << 32) | find(to[e]);
+  for (std::size_t e = 0; e < edges; ++e)
+    pairs[e] = (std::uint64_t{topology.index_of(topology.from[e])} << 32) | topology.index_of(topology.to[e]);
   sort_range(pairs.data(), pairs.size());
   out.push_back(edges);
   out.insert(out.end(), pairs.begin(), pairs.end());

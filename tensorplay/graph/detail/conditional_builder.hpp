@@ -16,7 +16,7 @@
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/detail/kernel_library.hpp>
 #include <tensorplay/detail/random_epoch.hpp>
-#include <tensorplay/detail/small_algorithm.hpp>
+#include <tensorplay/detail/graph_topology.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/detail/capture_session.hpp>
 #include <tensorplay/graph/options.hpp>
@@ -341,35 +341,23 @@ inline cudaGraphNode_t copy_node(cudaGraphNode_t node, cudaGraph_t to, const ten
 //! nodes map to those nodes, which already live in `to`.
 inline void move_body(cudaGraph_t from, cudaGraph_t to, const std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>>& nested,
                       const tensorplay::source_location& where) {
-  std::size_t count = 0;
-  TENSORPLAY_CHECK(cudaGraphGetNodes(from, nullptr, &count), where);
-  std::vector<cudaGraphNode_t> nodes(count);
-  if (count != 0) TENSORPLAY_CHECK(cudaGraphGetNodes(from, nodes.data(), &count), where);
-  // Original node -> its copy, sorted by original for binary search.
-  std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>> copies;
-  copies.reserve(count);
-  for (cudaGraphNode_t node : nodes) {
+  GraphTopology topology(from, where);
+  // copies[i]: the copy of topology.nodes[i] in `to`.
+  std::vector<cudaGraphNode_t> copies;
+  copies.reserve(topology.nodes.size());
+  for (cudaGraphNode_t node : topology.nodes) {
     cudaGraphNode_t copy = nullptr;
     for (auto [mark, real] : nested)
       if (mark == node) copy = real;
-    copies.emplace_back(node, copy != nullptr ? copy : copy_node(node, to, where));
+    copies.push_back(copy != nullptr ? copy : copy_node(node, to, where));
   }
-  sort_range(copies.data(), copies.size());
-  auto copy_of = [&](cudaGraphNode_t node) {
-    return copies[lower_bound_index(copies.data(), copies.size(), std::pair(node, cudaGraphNode_t{}))].second;
-  };
-  std::size_t edges = 0;
-  TENSORPLAY_CHECK(get_edges(from, nullptr, nullptr, nullptr, &edges), where);
+  const std::size_t edges = topology.edge_count();
   if (edges == 0) return;
-  std::vector<cudaGraphNode_t> tails(edges);
-  std::vector<cudaGraphNode_t> heads(edges);
-  std::vector<cudaGraphEdgeData> data(edges);
-  TENSORPLAY_CHECK(get_edges(from, tails.data(), heads.data(), data.data(), &edges), where);
   for (std::size_t i = 0; i < edges; ++i) {
-    tails[i] = copy_of(tails[i]);
-    heads[i] = copy_of(heads[i]);
+    topology.from[i] = copies[topology.index_of(topology.from[i])];
+    topology.to[i] = copies[topology.index_of(topology.to[i])];
   }
-  TENSORPLAY_CHECK(add_dependencies(to, tails.data(), heads.data(), data.data(), edges), where);
+  TENSORPLAY_CHECK(add_dependencies(to, topology.from.data(), topology.to.data(), topology.data.data(), edges), where);
 }
 
 //! Ends the innermost body's capture and moves its work into its node. On failure the whole
