@@ -15,16 +15,21 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace bench {
 
-inline void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s failed: %s\n", what, cudaGetErrorString(status));
+//! Ends the benchmark (exit status 2) unless `status` is `ok`, naming the call and
+//! `name_of(status)`: for CUDA (check below), cuBLAS and NCCL statuses alike.
+template <class Status, class NameOf>
+void check_status(Status status, Status ok, const char* what, NameOf&& name_of) {
+  if (status != ok) {
+    std::fprintf(stderr, "%s failed: %s\n", what, name_of(status));
     std::exit(2);
   }
 }
+inline void check(cudaError_t status, const char* what) { check_status(status, cudaSuccess, what, cudaGetErrorString); }
 #define BENCH_CUDA(call) ::bench::check((call), #call)
 
 using Clock = std::chrono::steady_clock;
@@ -165,6 +170,9 @@ class MedianReporter : public benchmark::ConsoleReporter {
     }
     ConsoleReporter::ReportRuns(runs);
   }
+  //! The median of counter "<name>_us", `name` = "<benchmark>:<variant>" (0 if not measured).
+  double us(const std::string& name) { return counters[name + "_us"]; }
+
   std::map<std::string, double> medians;
   std::map<std::string, double> counters;
 };
@@ -194,7 +202,7 @@ void for_each_size(MedianReporter& r, std::span<const int> sizes, RowsOf&& rows_
     const std::string arg = "/" + std::to_string(i);
     rows_of(
         kernels_label(sizes[i]),
-        [&](const std::string& benchmark, const std::string& variant) { return r.counters[benchmark + arg + ":" + variant + "_us"]; },
+        [&](const std::string& benchmark, const std::string& variant) { return r.us(benchmark + arg + ":" + variant); },
         sizes[i]);
   }
 }
@@ -204,6 +212,12 @@ inline std::string verdict(double ratio, double limit, bool at_most = true) {
   char text[64];
   std::snprintf(text, sizeof text, "(target %s %.2fx: %s)", at_most ? "<=" : ">=", limit, ok ? "met" : "MISSED");
   return text;
+}
+
+//! The row of the ratio `numerator / denominator` ("x") with its target (verdict).
+inline Row ratio_row(std::string what, double numerator, double denominator, double limit, bool at_most = true) {
+  const double ratio = numerator / denominator;
+  return {std::move(what), ratio, "x", verdict(ratio, limit, at_most)};
 }
 
 //! Runs every registered benchmark (median of repetitions, interleaved at random to spread
@@ -231,6 +245,16 @@ inline int run_main(int argc, char** argv, const std::function<void(MedianReport
   summary(reporter);
   benchmark::Shutdown();
   return 0;
+}
+
+//! run_main whose summary is one table: `fill(reporter, rows)`, then the rows under `title`.
+inline int run_table(int argc, char** argv, const std::string& title,
+                     const std::function<void(MedianReporter&, std::vector<Row>&)>& fill) {
+  return run_main(argc, argv, [&](MedianReporter& r) {
+    std::vector<Row> rows;
+    fill(r, rows);
+    print_table(title.c_str(), rows);
+  });
 }
 
 }  // namespace bench

@@ -302,30 +302,29 @@ int main(int argc, char** argv) {
   return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
     const Memory m = measure_memory();
     constexpr double mib = 1 << 20;
-    auto us = [&](const char* name) { return r.counters[std::string(name) + "_us"]; };  // a variant's median
-    const double replay = us("run_cost:replay"), run = us("run_cost:run"), run_shared = us("run_cost:run_shared_same_bucket");
-    const double alternate_separate = us("run_cost:alternate_separate"), alternate_shared = us("run_cost:alternate_shared");
-    const double eager = us("end_to_end:eager"), buckets = us("end_to_end:buckets");
-    const double capture_eager = us("capture_ladder:eager"), capture_lazy = us("capture_ladder:lazy"),
-                 capture_shared = us("capture_ladder:eager_shared");
-    const double piecewise = us("piecewise_replay:piecewise"), parts = us("piecewise_replay:parts");
+    const double replay = r.us("run_cost:replay"), run = r.us("run_cost:run"), run_shared = r.us("run_cost:run_shared_same_bucket");
+    const double alternate_separate = r.us("run_cost:alternate_separate"), alternate_shared = r.us("run_cost:alternate_shared");
+    const double eager = r.us("end_to_end:eager"), buckets = r.us("end_to_end:buckets");
+    const double capture_eager = r.us("capture_ladder:eager"), capture_lazy = r.us("capture_ladder:lazy"),
+                 capture_shared = r.us("capture_ladder:eager_shared");
+    const double piecewise = r.us("piecewise_replay:piecewise"), parts = r.us("piecewise_replay:parts");
     const std::string steps = std::to_string(fixture().batches.size());
     std::vector<bench::Row> rows{
         {"memory: 32 buckets, one pool", m.shared / mib, "MiB", ""},
         {"memory: largest bucket alone", m.alone / mib, "MiB", ""},
         {"memory: 32 buckets, a private pool each", m.private_pools / mib, "MiB", ""},
-        {"memory: one pool / largest alone", m.shared / m.alone, "x", bench::verdict(m.shared / m.alone, 1.10)},
+        bench::ratio_row("memory: one pool / largest alone", m.shared, m.alone, 1.10),
         {"memory: private pools / largest alone", m.private_pools / m.alone, "x", "(report)"},
         {"run(n) host submit, bucket 128", run, "us", ""},
         {"bare replay(stream) of the same step, host submit", replay, "us", ""},
-        {"run(n) / bare replay", run / replay, "x", bench::verdict(run / replay, 1.10)},
+        bench::ratio_row("run(n) / bare replay", run, replay, 1.10),
         {"run(n), shared executable, same bucket / bare replay", run_shared / replay, "x", "(report)"},
         {"alternating buckets 128/256: separate executables", alternate_separate, "us", ""},
         {"alternating buckets 128/256: one shared executable", alternate_shared, "us", ""},
         {"cost of one switch of a shared executable", alternate_shared - alternate_separate, "us", "(report)"},
         {steps + " random steps: eager, launch to completion", eager / 1e3, "ms", ""},
         {steps + " random steps: buckets, launch to completion", buckets / 1e3, "ms", ""},
-        {"eager / buckets", eager / buckets, "x", bench::verdict(eager / buckets, 3.0, false)},
+        bench::ratio_row("eager / buckets", eager, buckets, 3.0, false),
         {"capture 32 buckets, largest first (lazy = false)", capture_eager / 1e3, "ms", ""},
         {"capture 32 buckets lazily, random order (host)", capture_lazy / 1e3, "ms", ""},
         {"capture 32 buckets, largest first, shared executables", capture_shared / 1e3, "ms", ""},
@@ -335,7 +334,7 @@ int main(int argc, char** argv) {
         {"executables' device memory, shared (" + std::to_string(m.shared_count) + " kept)", m.exec_shared / mib, "MiB", ""},
         {"piecewise replay, 3 segments + 2 eager steps, host", piecewise, "us", ""},
         {"the segments' replays + the steps by hand, host", parts, "us", ""},
-        {"piecewise / by hand", piecewise / parts, "x", bench::verdict(piecewise / parts, 1.05)},
+        bench::ratio_row("piecewise / by hand", piecewise, parts, 1.05),
     };
     bench::print_table("bench/buckets (medians of paired measurements; ratios within this run)", rows);
   });

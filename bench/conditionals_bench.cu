@@ -1,6 +1,7 @@
 // bench/conditionals: per-iteration cost of Graph::while_ against a raw while node built by
 // hand in this binary and against a host-driven loop; the cost of an if node not taken.
 #include "bench_util.hpp"
+#include "raw_nodes.cuh"
 
 #include <tensorplay/graph.hpp>
 
@@ -63,26 +64,13 @@ struct Loops {
     without_if.capture([&](tp::StreamRef s) { touch<<<1, 1, 0, s>>>(counter.data()); }, {.stream = stream});
   }
 
-  static cudaKernelNodeParams kernel_params(void* func, void** args) {
-    cudaKernelNodeParams p{};
-    p.func = func;
-    p.gridDim = dim3(1);
-    p.blockDim = dim3(1);
-    p.kernelParams = args;
-    return p;
-  }
-
   // Adds a while node after `dependencies`; returns its body graph.
   static cudaGraph_t add_while_node(cudaGraph_t graph, cudaGraphConditionalHandle handle, const cudaGraphNode_t* dependencies,
                                     std::size_t count) {
-    cudaGraphNodeParams cond{};
-    cond.type = cudaGraphNodeTypeConditional;
-    cond.conditional.handle = handle;
-    cond.conditional.type = cudaGraphCondTypeWhile;
-    cond.conditional.size = 1;
     cudaGraphNode_t node = nullptr;
-    BENCH_CUDA(cudaGraphAddNode(&node, graph, dependencies, nullptr, count, &cond));
-    return cond.conditional.phGraph_out[0];
+    cudaGraph_t body = nullptr;
+    BENCH_CUDA(raw_nodes::add_conditional(&node, &body, graph, handle, cudaGraphCondTypeWhile, dependencies, count));
+    return body;
   }
 
   // The same loop as while_ builds, node by node with the graph API: a set-handle kernel,
@@ -95,12 +83,12 @@ struct Loops {
     int* k_ptr = k.data();
     bool* more_out = more.data();
     void* set_args[] = {&handle, &more_ptr};
-    cudaKernelNodeParams set = kernel_params(reinterpret_cast<void*>(&raw_set_handle), set_args);
+    cudaKernelNodeParams set = raw_nodes::kernel_params(reinterpret_cast<void*>(&raw_set_handle), set_args);
     cudaGraphNode_t first = nullptr;
     BENCH_CUDA(cudaGraphAddKernelNode(&first, raw_graph, nullptr, 0, &set));
     cudaGraph_t body = add_while_node(raw_graph, handle, &first, 1);
     void* body_args[] = {&k_ptr, &more_out};
-    cudaKernelNodeParams step = kernel_params(reinterpret_cast<void*>(&count_down), body_args);
+    cudaKernelNodeParams step = raw_nodes::kernel_params(reinterpret_cast<void*>(&count_down), body_args);
     cudaGraphNode_t step_node = nullptr;
     BENCH_CUDA(cudaGraphAddKernelNode(&step_node, body, nullptr, 0, &step));
     cudaGraphNode_t refresh = nullptr;
@@ -116,7 +104,7 @@ struct Loops {
     cudaGraph_t body = add_while_node(fused_graph, handle, nullptr, 0);
     int* k_ptr = k.data();
     void* args[] = {&handle, &k_ptr};
-    cudaKernelNodeParams step = kernel_params(reinterpret_cast<void*>(&count_down_fused), args);
+    cudaKernelNodeParams step = raw_nodes::kernel_params(reinterpret_cast<void*>(&count_down_fused), args);
     cudaGraphNode_t step_node = nullptr;
     BENCH_CUDA(cudaGraphAddKernelNode(&step_node, body, nullptr, 0, &step));
     BENCH_CUDA(cudaGraphInstantiate(&fused, fused_graph, 0));
@@ -202,8 +190,8 @@ int main(int argc, char** argv) {
   }
   benchmark::RegisterBenchmark("graph_with_untaken_if", graph_with_untaken_if)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(20);
   benchmark::RegisterBenchmark("graph_without_if", graph_without_if)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(20);
-  return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
-    std::vector<bench::Row> rows;
+  const char* title = "bench/conditionals (medians; device time per loop iteration or replay)";
+  return bench::run_table(argc, argv, title, [](bench::MedianReporter& r, std::vector<bench::Row>& rows) {
     for (long n : {10L, 1000L}) {
       const std::string arg = "/" + std::to_string(n);
       const std::string label = std::to_string(n) + " iterations";
@@ -213,7 +201,7 @@ int main(int argc, char** argv) {
       const double host = r.medians["host_loop" + arg];
       rows.push_back({label + ": while_ per iteration", ours, "us", ""});
       rows.push_back({label + ": raw while node (same nodes) per iteration", raw, "us", ""});
-      rows.push_back({label + ": while_ / raw while node", ours / raw, "x", bench::verdict(ours / raw, 1.05)});
+      rows.push_back(bench::ratio_row(label + ": while_ / raw while node", ours, raw, 1.05));
       rows.push_back({label + ": raw while node, body fused by hand", fused, "us", "(lower bound, one kernel per iteration)"});
       rows.push_back({label + ": host-driven loop per iteration", host, "us", ""});
       rows.push_back({label + ": host loop / while_ (speed-up)", host / ours, "x",
@@ -224,6 +212,5 @@ int main(int argc, char** argv) {
     rows.push_back({"1-kernel graph replay, device time", without, "us", ""});
     rows.push_back({"same graph plus an if node not taken", with_if, "us", ""});
     rows.push_back({"cost of the untaken if node", with_if - without, "us", ""});
-    bench::print_table("bench/conditionals (medians; device time per loop iteration or replay)", rows);
   });
 }

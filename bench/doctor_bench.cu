@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
       const double ours = us("capture", "ours");
       rows.push_back({kernels + ": raw capture + instantiate", raw, "us", ""});
       rows.push_back({kernels + ": Graph::capture (+ instantiate)", ours, "us", ""});
-      rows.push_back({kernels + ": ours / raw", ours / raw, "x", bench::verdict(ours / raw, 1.05)});
+      rows.push_back(bench::ratio_row(kernels + ": ours / raw", ours, raw, 1.05));
     });
     const std::string title = std::string("bench/doctor, TENSORPLAY_CAPTURE_DOCTOR=") + mode_name() +
                               " (driver log " + (tp::detail::DriverLogListener::instance().listening() ? "on" : "off") +

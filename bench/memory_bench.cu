@@ -57,10 +57,7 @@ using decoder::layers;
 constexpr double mib = 1 << 20;
 
 void check_cublas(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    std::fprintf(stderr, "%s failed: %s\n", what, cublasGetStatusName(status));
-    std::exit(2);
-  }
+  bench::check_status(status, CUBLAS_STATUS_SUCCESS, what, cublasGetStatusName);
 }
 
 //! Weights (one set shared by the layers), the user's input and output, cuBLAS and its workspace:
@@ -446,7 +443,6 @@ int main(int argc, char** argv) {
   return bench::run_main(argc, argv, [&](bench::MedianReporter& r) {
     std::map<std::string, double> a = run_child(argv[0], "ladder");
     std::map<std::string, double> b = run_child(argv[0], "shared");
-    auto us = [&](const char* name) { return r.counters[std::string(name) + "_us"]; };
     const double n = static_cast<double>(ladder.size());
     const double estimate = a["estimate_pool"] + a["estimate_exec"];
     const double taken = a["taken"];
@@ -457,7 +453,7 @@ int main(int argc, char** argv) {
       return std::string(std::abs(x - ref) <= tol ? "(target: within the margin: met)" : "(target: within the margin: MISSED)");
     };
     const double exec_ratio = a["graphs_exec_model"] / a["graphs_exec_copies"];
-    const double switch_us = us("switch_cost:alternate_shared") - us("switch_cost:alternate_separate");
+    const double switch_us = r.us("switch_cost:alternate_shared") - r.us("switch_cost:alternate_separate");
     const double saved = a["held_exec"] - b["held_exec"];
     const std::string how = a["wired"] != 0 ? "" : " (members not wired: computed directly)";
     std::vector<bench::Row> rows{
@@ -483,8 +479,7 @@ int main(int argc, char** argv) {
          std::abs(exec_ratio - 1) <= 0.10 ? "(target within 10%: met)" : "(target within 10%: MISSED)"},
         {"model walk of one graph (executable_bytes)", a["model_walk_us"], "us", "(report)"},
         {"memory: largest bucket alone (pool)", a["largest_alone"] / mib, "MiB", ""},
-        {"memory: one pool / largest alone", a["reserved"] / a["largest_alone"], "x",
-         bench::verdict(a["reserved"] / a["largest_alone"], 1.10)},
+        bench::ratio_row("memory: one pool / largest alone", a["reserved"], a["largest_alone"], 1.10),
         {"shared: executables kept", b["executables"], "", ""},
         {"shared: capture_all took - estimate", (b["taken"] - shared_estimate) / mib, "MiB",
          within(b["taken"], shared_estimate, shared_margin)},
@@ -492,15 +487,15 @@ int main(int argc, char** argv) {
         {"shared: executables' bytes saved (modelled)", saved / mib, "MiB", "(report)"},
         {"shared: executables' bytes saved (measured, taken - reserved)",
          ((a["taken"] - a["reserved"]) - (b["taken"] - b["reserved"])) / mib, "MiB", "(report)"},
-        {"alternating buckets 8/16: separate executables", us("switch_cost:alternate_separate"), "us", ""},
-        {"alternating buckets 8/16: one shared executable", us("switch_cost:alternate_shared"), "us", ""},
+        {"alternating buckets 8/16: separate executables", r.us("switch_cost:alternate_separate"), "us", ""},
+        {"alternating buckets 8/16: one shared executable", r.us("switch_cost:alternate_shared"), "us", ""},
         {"cost of one switch of a shared executable", switch_us, "us", "(report)"},
-        {"capture, whole ladder, capture_all: per graph", us("capture_ladder:eager") / 1e3 / n, "ms", ""},
-        {"capture, whole ladder, lazy first runs: per graph", us("capture_ladder:lazy") / 1e3 / n, "ms", ""},
-        {"capture, whole ladder, raw CUDA: per graph", us("capture_ladder:raw") / 1e3 / n, "ms", ""},
-        {"estimate, whole ladder: per graph", us("capture_ladder:estimate") / 1e3 / n, "ms", ""},
-        {"capture_all / raw CUDA", us("capture_ladder:eager") / us("capture_ladder:raw"), "x", "(report)"},
-        {"lazy / raw CUDA", us("capture_ladder:lazy") / us("capture_ladder:raw"), "x", "(report: includes the replays)"},
+        {"capture, whole ladder, capture_all: per graph", r.us("capture_ladder:eager") / 1e3 / n, "ms", ""},
+        {"capture, whole ladder, lazy first runs: per graph", r.us("capture_ladder:lazy") / 1e3 / n, "ms", ""},
+        {"capture, whole ladder, raw CUDA: per graph", r.us("capture_ladder:raw") / 1e3 / n, "ms", ""},
+        {"estimate, whole ladder: per graph", r.us("capture_ladder:estimate") / 1e3 / n, "ms", ""},
+        {"capture_all / raw CUDA", r.us("capture_ladder:eager") / r.us("capture_ladder:raw"), "x", "(report)"},
+        {"lazy / raw CUDA", r.us("capture_ladder:lazy") / r.us("capture_ladder:raw"), "x", "(report: includes the replays)"},
     };
     bench::print_table("bench/memory (a fresh process per memory measurement; timings: medians in this run)", rows);
   });

@@ -49,12 +49,7 @@ constexpr int tiny_threads = 32;
 // collectives form one chain, as in a model whose layers depend on each other.
 __global__ void tiny(const float* previous, float* next) { next[threadIdx.x] = previous[threadIdx.x] * 0.5f; }
 
-void nccl_check(ncclResult_t status, const char* what) {
-  if (status != ncclSuccess) {
-    std::fprintf(stderr, "%s failed: %s\n", what, ncclGetErrorString(status));
-    std::exit(2);
-  }
-}
+void nccl_check(ncclResult_t status, const char* what) { bench::check_status(status, ncclSuccess, what, ncclGetErrorString); }
 
 struct Options {
   int gpus = 2;                 // 0: every visible GPU
@@ -257,7 +252,7 @@ void add_rows(std::vector<bench::Row>& rows, const std::string& setting, std::ma
     rows.push_back({what + "eager, launch to completion", eager, "us", ""});
     rows.push_back({what + "DeviceGroupGraph, launch to completion", graph, "us", ""});
     rows.push_back({what + "eager / DeviceGroupGraph", eager / graph, "x", small ? bench::verdict(eager / graph, 3.0, false) : ""});
-    rows.push_back({what + "DeviceGroupGraph / raw cudaGraphLaunch", graph / raw, "x", bench::verdict(graph / raw, 1.05)});
+    rows.push_back(bench::ratio_row(what + "DeviceGroupGraph / raw cudaGraphLaunch", graph, raw, 1.05));
     rows.push_back({what + "eager, host submit", m["submit" + arg + ":eager_us"], "us", ""});
     rows.push_back({what + "DeviceGroupGraph, host submit per GPU", m["submit" + arg + ":graph_us"] / gpus, "us", ""});
   }

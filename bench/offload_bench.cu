@@ -291,19 +291,19 @@ int main(int argc, char** argv) {
   for (long bytes : {1024L, 1L << 20})
     benchmark::RegisterBenchmark("allocate", allocate)->Arg(bytes)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(100);
   benchmark::RegisterBenchmark("first_segment", first_segment)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(20);
-  return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
-    std::vector<bench::Row> rows;
+  const char* title = "bench/offload (medians; ratios against the same bytes or a plain pool, this run)";
+  return bench::run_table(argc, argv, title, [](bench::MedianReporter& r, std::vector<bench::Row>& rows) {
     const int reps = static_cast<int>(env_list("TENSORPLAY_OFFLOAD_REPS", "3").front());
     for (long gib : env_list("TENSORPLAY_OFFLOAD_GIB", "1,16")) {
       const Bandwidth b = measure_bandwidth(static_cast<std::size_t>(gib), reps);
       const std::string size = std::to_string(gib) + " GiB";
       rows.push_back({size + ": plain pinned cudaMemcpyAsync D2H", b.plain_d2h_gbs, "GB/s", ""});
       rows.push_back({size + ": offload (steady, host copy reused)", b.offload_gbs, "GB/s", ""});
-      rows.push_back({size + ": offload / plain D2H", b.offload_gbs / b.plain_d2h_gbs, "x", bench::verdict(b.offload_gbs / b.plain_d2h_gbs, 0.8, false)});
+      rows.push_back(bench::ratio_row(size + ": offload / plain D2H", b.offload_gbs, b.plain_d2h_gbs, 0.8, false));
       rows.push_back({size + ": first offload (pins its host copy)", b.first_offload_gbs, "GB/s", ""});
       rows.push_back({size + ": plain pinned cudaMemcpyAsync H2D", b.plain_h2d_gbs, "GB/s", ""});
       rows.push_back({size + ": restore", b.restore_gbs, "GB/s", ""});
-      rows.push_back({size + ": restore / plain H2D", b.restore_gbs / b.plain_h2d_gbs, "x", bench::verdict(b.restore_gbs / b.plain_h2d_gbs, 0.8, false)});
+      rows.push_back(bench::ratio_row(size + ": restore / plain H2D", b.restore_gbs, b.plain_h2d_gbs, 0.8, false));
       rows.push_back({size + ": every tensor exact after the cycles", b.exact ? 1.0 : 0.0, "", b.exact ? "(yes)" : "(NO)"});
     }
     const Wake w = measure_wake(5);
@@ -311,23 +311,20 @@ int main(int argc, char** argv) {
     rows.push_back({"32-bucket ladder: wake by restore + first run", w.restore_ms, "ms", ""});
     rows.push_back({"32-bucket ladder: wake by capturing again + first run", w.recapture_ms, "ms", ""});
     rows.push_back({"capture again / restore", w.recapture_ms / w.restore_ms, "x", w.exact ? "(every run exact)" : "(a run was WRONG)"});
-    const double replay_plain = r.counters["replay:plain_us"];
-    const double replay_sleepy = r.counters["replay:offloadable_us"];
+    const double replay_plain = r.us("replay:plain");
     rows.push_back({"replay, plain pool (host submit)", replay_plain, "us", ""});
-    rows.push_back({"replay, offloadable / plain", replay_sleepy / replay_plain, "x", bench::verdict(replay_sleepy / replay_plain, 1.02)});
-    rows.push_back({"replay, plain pool / raw cudaGraphLaunch", replay_plain / r.counters["replay:raw_us"], "x", "(the check's context)"});
+    rows.push_back(bench::ratio_row("replay, offloadable / plain", r.us("replay:offloadable"), replay_plain, 1.02));
+    rows.push_back({"replay, plain pool / raw cudaGraphLaunch", replay_plain / r.us("replay:raw"), "x", "(the check's context)"});
     for (long bytes : {1024L, 1L << 20}) {
-      const std::string arg = "/" + std::to_string(bytes);
-      const double plain = r.counters["allocate" + arg + ":plain_us"];
-      const double sleepy = r.counters["allocate" + arg + ":offloadable_us"];
+      const std::string allocate = "allocate/" + std::to_string(bytes);
+      const double plain = r.us(allocate + ":plain");
       const std::string size = bytes < (1 << 20) ? "1 KiB" : "1 MiB";
       rows.push_back({size + " alloc+free in a capture, plain pool", plain, "us", ""});
-      rows.push_back({size + " alloc+free in a capture, offloadable / plain", sleepy / plain, "x", bench::verdict(sleepy / plain, 1.10)});
+      rows.push_back(
+          bench::ratio_row(size + " alloc+free in a capture, offloadable / plain", r.us(allocate + ":offloadable"), plain, 1.10));
     }
-    const double seg_plain = r.counters["first_segment:plain_us"];
-    const double seg_sleepy = r.counters["first_segment:offloadable_us"];
-    rows.push_back({"first 20 MiB segment in a capture: cudaMalloc", seg_plain, "us", ""});
-    rows.push_back({"first 20 MiB segment in a capture: reserve+create+map+access", seg_sleepy, "us", "(informative)"});
-    bench::print_table("bench/offload (medians; ratios against the same bytes or a plain pool, this run)", rows);
+    rows.push_back({"first 20 MiB segment in a capture: cudaMalloc", r.us("first_segment:plain"), "us", ""});
+    rows.push_back(
+        {"first 20 MiB segment in a capture: reserve+create+map+access", r.us("first_segment:offloadable"), "us", "(informative)"});
   });
 }

@@ -118,8 +118,8 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("DeviceTensor", device_tensor)->Arg(bytes)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(100);
     benchmark::RegisterBenchmark("DeviceTensor_current_stream", device_tensor_current_stream)->Arg(bytes)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(100);
   }
-  return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
-    std::vector<bench::Row> rows;
+  const char* title = "bench/pool (medians; ratios against raw CUDA in this run)";
+  return bench::run_table(argc, argv, title, [](bench::MedianReporter& r, std::vector<bench::Row>& rows) {
     for (long bytes : {256L, 1L << 20, 64L << 20}) {
       const std::string arg = "/" + std::to_string(bytes);
       const std::string size = bytes < (1 << 20) ? std::to_string(bytes) + " B" : std::to_string(bytes >> 20) + " MiB";
@@ -130,14 +130,12 @@ int main(int argc, char** argv) {
       rows.push_back({size + ": cudaMalloc+cudaFree", malloc_us, "us", ""});
       rows.push_back({size + ": cudaMallocAsync+cudaFreeAsync", async_us, "us", ""});
       rows.push_back({size + ": DeviceTensor(n, stream) alloc+free", ours, "us", ""});
-      rows.push_back({size + ": DeviceTensor / cudaMallocAsync", ours / async_us, "x", bench::verdict(ours / async_us, 0.5)});
-      rows.push_back({size + ": DeviceTensor(n) (current stream) / cudaMallocAsync", ours_current / async_us, "x",
-                      bench::verdict(ours_current / async_us, 0.5)});
+      rows.push_back(bench::ratio_row(size + ": DeviceTensor / cudaMallocAsync", ours, async_us, 0.5));
+      rows.push_back(bench::ratio_row(size + ": DeviceTensor(n) (current stream) / cudaMallocAsync", ours_current, async_us, 0.5));
     }
     const auto [shared, separate] = four_graph_memory(std::size_t{1} << 30);
     rows.push_back({"4 graphs x 1 GiB temporaries: one shared pool reserves", shared / double(1 << 20), "MiB", ""});
     rows.push_back({"4 graphs x 1 GiB temporaries: four private pools reserve", separate / double(1 << 20), "MiB", ""});
     rows.push_back({"shared / private", shared / double(separate), "x", ""});
-    bench::print_table("bench/pool (medians; ratios against raw CUDA in this run)", rows);
   });
 }

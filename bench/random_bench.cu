@@ -124,8 +124,8 @@ void register_all() {
 
 int main(int argc, char** argv) {
   register_all();
-  return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
-    std::vector<bench::Row> rows;
+  const char* title = "bench/random (medians of paired measurements; ratios within this run)";
+  return bench::run_table(argc, argv, title, [](bench::MedianReporter& r, std::vector<bench::Row>& rows) {
     bench::for_each_size(r, fixture().sizes, [&](const std::string& kernels, const auto& us, int) {
       const double plain = us("submit", "plain");
       const double random = us("submit", "random");
@@ -134,16 +134,13 @@ int main(int argc, char** argv) {
       const double drandom = us("device", "random");
       rows.push_back({kernels + ": replay host submit, offsets frozen", plain, "us", ""});
       rows.push_back({kernels + ": replay host submit, RandomState", random, "us", ""});
-      rows.push_back({kernels + ": host submit, RandomState / frozen", random / plain, "x", bench::verdict(random / plain, 1.02)});
+      rows.push_back(bench::ratio_row(kernels + ": host submit, RandomState / frozen", random, plain, 1.02));
       rows.push_back({kernels + ": host submit, + user object / frozen", retained / plain, "x", "(the lifetime design not taken)"});
       rows.push_back({kernels + ": replay device time, offsets frozen", dplain, "us", ""});
       rows.push_back({kernels + ": replay device time, RandomState", drandom, "us", ""});
-      rows.push_back({kernels + ": device time, RandomState / frozen", drandom / dplain, "x", bench::verdict(drandom / dplain, 1.05)});
+      rows.push_back(bench::ratio_row(kernels + ": device time, RandomState / frozen", drandom, dplain, 1.05));
     });
-    const double eplain = r.counters["eager:plain_us"];
-    const double erandom = r.counters["eager:random_us"];
-    rows.push_back({"eager launch, offset by value: host", eplain, "us", ""});
-    rows.push_back({"eager next() + launch: host", erandom, "us", ""});
-    bench::print_table("bench/random (medians of paired measurements; ratios within this run)", rows);
+    rows.push_back({"eager launch, offset by value: host", r.us("eager:plain"), "us", ""});
+    rows.push_back({"eager next() + launch: host", r.us("eager:random"), "us", ""});
   });
 }

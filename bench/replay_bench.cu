@@ -93,8 +93,8 @@ void register_all() {
 
 int main(int argc, char** argv) {
   register_all();
-  return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
-    std::vector<bench::Row> rows;
+  const char* title = "bench/replay (medians of paired measurements; ratios against raw CUDA in this run)";
+  return bench::run_table(argc, argv, title, [](bench::MedianReporter& r, std::vector<bench::Row>& rows) {
     bench::for_each_size(r, fixture().sizes, [&](const std::string& kernels, const auto& us, int) {
       const double raw = us("launch", "raw");
       const double stream = us("launch", "replay_stream");
@@ -104,12 +104,11 @@ int main(int argc, char** argv) {
       rows.push_back({kernels + ": raw cudaGraphLaunch, host submit", raw, "us", ""});
       rows.push_back({kernels + ": Graph::replay(stream), host submit", stream, "us", ""});
       rows.push_back({kernels + ": Graph::replay(), host submit", current, "us", ""});
-      rows.push_back({kernels + ": replay(stream) / raw", stream / raw, "x", bench::verdict(stream / raw, 1.05)});
-      rows.push_back({kernels + ": replay() / raw", current / raw, "x", bench::verdict(current / raw, 1.10)});
+      rows.push_back(bench::ratio_row(kernels + ": replay(stream) / raw", stream, raw, 1.05));
+      rows.push_back(bench::ratio_row(kernels + ": replay() / raw", current, raw, 1.10));
       rows.push_back({kernels + ": raw capture + instantiate", raw_ci, "us", ""});
       rows.push_back({kernels + ": Graph::capture (+ instantiate)", ours_ci, "us", ""});
-      rows.push_back({kernels + ": capture+instantiate, ours / raw", ours_ci / raw_ci, "x", bench::verdict(ours_ci / raw_ci, 1.05)});
+      rows.push_back(bench::ratio_row(kernels + ": capture+instantiate, ours / raw", ours_ci, raw_ci, 1.05));
     });
-    bench::print_table("bench/replay (medians of paired measurements; ratios against raw CUDA in this run)", rows);
   });
 }

@@ -182,9 +182,9 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("scaling", scaling)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(100);
   benchmark::RegisterBenchmark("completion", completion)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(200);
   benchmark::RegisterBenchmark("bandwidth", bandwidth)->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(20);
-  return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
+  const char* title = "bench/stage (medians of paired measurements; PyTorch: bench/peers/torch_stage.py)";
+  return bench::run_table(argc, argv, title, [](bench::MedianReporter& r, std::vector<bench::Row>& rows) {
     auto c = [&](const std::string& key) { return r.counters[key]; };
-    std::vector<bench::Row> rows;
     for (const char* n : {"4", "32"}) {
       const std::string g = std::string("submit") + n + ":";
       const std::string label = std::string(n) + " x 256 KiB: ";
@@ -196,9 +196,8 @@ int main(int argc, char** argv) {
     }
     const double bare4 = c("submit4:bare_replay_us");
     const double stage4 = c("submit4:stage_and_launch_us");
-    rows.push_back({"4 inputs: stage_and_launch / bare replay", stage4 / bare4, "x", bench::verdict(stage4 / bare4, 1.5)});
-    rows.push_back({"4 inputs: cudaMemcpyAsync loop / stage_and_launch", c("submit4:memcpy_loop_us") / stage4, "x",
-                    bench::verdict(c("submit4:memcpy_loop_us") / stage4, 5.0, false)});
+    rows.push_back(bench::ratio_row("4 inputs: stage_and_launch / bare replay", stage4, bare4, 1.5));
+    rows.push_back(bench::ratio_row("4 inputs: cudaMemcpyAsync loop / stage_and_launch", c("submit4:memcpy_loop_us"), stage4, 5.0, false));
     const double scale = c("scaling:stage32_us") / c("scaling:stage4_us");
     rows.push_back({"stage_and_launch, 32 inputs / 4 inputs (paired)", scale, "x", bench::verdict(scale, 1.15)});
     const double rotating = c("scaling:stage32_rotating_us") / c("scaling:stage4_rotating_us");
@@ -211,14 +210,12 @@ int main(int argc, char** argv) {
     const double done_loop = c("completion:memcpy_loop_us");
     rows.push_back({"4 inputs, launch to completion: stage_and_launch", done_stage, "us", ""});
     rows.push_back({"4 inputs, launch to completion: cudaMemcpyAsync loop", done_loop, "us", ""});
-    rows.push_back({"launch to completion, stage / loop", done_stage / done_loop, "x", bench::verdict(done_stage / done_loop, 1.0)});
+    rows.push_back(bench::ratio_row("launch to completion, stage / loop", done_stage, done_loop, 1.0));
     const double bytes = 2.0 * 4 * 64 * 1024 * 1024;  // read + written
     const double bw_stage = bytes / (c("bandwidth:stage_and_launch_us") * 1e-6) / 1e9;
     const double bw_memcpy = bytes / (c("bandwidth:memcpy_loop_us") * 1e-6) / 1e9;
     rows.push_back({"4 x 64 MiB: cudaMemcpyAsync D2D + replay, GB/s (read + written)", bw_memcpy, "GB/s", ""});
     rows.push_back({"4 x 64 MiB: stage_and_launch, GB/s (read + written)", bw_stage, "GB/s", ""});
-    rows.push_back({"4 x 64 MiB: stage_and_launch / cudaMemcpyAsync bandwidth", bw_stage / bw_memcpy, "x",
-                    bench::verdict(bw_stage / bw_memcpy, 0.90, false)});
-    bench::print_table("bench/stage (medians of paired measurements; PyTorch: bench/peers/torch_stage.py)", rows);
+    rows.push_back(bench::ratio_row("4 x 64 MiB: stage_and_launch / cudaMemcpyAsync bandwidth", bw_stage, bw_memcpy, 0.90, false));
   });
 }

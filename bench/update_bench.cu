@@ -183,8 +183,8 @@ void register_all() {
 
 int main(int argc, char** argv) {
   register_all();
-  return bench::run_main(argc, argv, [](bench::MedianReporter& r) {
-    std::vector<bench::Row> rows;
+  const char* title = "bench/update (medians of paired measurements; ratios against raw CUDA in this run)";
+  return bench::run_table(argc, argv, title, [](bench::MedianReporter& r, std::vector<bench::Row>& rows) {
     bench::for_each_size(r, sizes, [&](const std::string& kernels, const auto& us, int size) {
       const double ours = us("update", "update");
       const double raw = us("update", "raw");
@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
       rows.push_back({kernels + ": raw capture + cudaGraphExecUpdate", raw, "us", ""});
       rows.push_back({kernels + ":   of which capture / update", capture, "us", "/ " + std::to_string(patch) + " us"});
       rows.push_back({kernels + ":   library bookkeeping (update() - raw)", ours - raw, "us", ""});
-      rows.push_back({kernels + ": update() / raw", ours / raw, "x", bench::verdict(ours / raw, 1.05)});
+      rows.push_back(bench::ratio_row(kernels + ": update() / raw", ours, raw, 1.05));
       rows.push_back({kernels + ": update() of an executable never launched nor uploaded",
                       us("update", "update_never_launched"), "us", ""});
       rows.push_back({kernels + ": reset() + capture()", again, "us", ""});
@@ -203,14 +203,10 @@ int main(int argc, char** argv) {
                       size == 1000 ? bench::verdict(ours / again, 0.45) : ""});
       // Raw CUDA's own figure for the same comparison: what no library on top of it can beat.
       rows.push_back({kernels + ":   raw floor: raw / (reset() + capture())", raw / again, "x", ""});
-      const double before = us("replay_after_update", "before");
-      const double after = us("replay_after_update", "after");
-      rows.push_back({kernels + ": replay after update / before", after / before, "x", bench::verdict(after / before, 1.02)});
-      const double cold = us("first_replay", "no_upload");
-      const double warm = us("first_replay", "upload");
-      rows.push_back({kernels + ": first replay (launch + sync), no upload", cold, "us", ""});
-      rows.push_back({kernels + ": first replay (launch + sync), upload", warm, "us", ""});
+      rows.push_back(bench::ratio_row(kernels + ": replay after update / before", us("replay_after_update", "after"),
+                                      us("replay_after_update", "before"), 1.02));
+      rows.push_back({kernels + ": first replay (launch + sync), no upload", us("first_replay", "no_upload"), "us", ""});
+      rows.push_back({kernels + ": first replay (launch + sync), upload", us("first_replay", "upload"), "us", ""});
     });
-    bench::print_table("bench/update (medians of paired measurements; ratios against raw CUDA in this run)", rows);
   });
 }

@@ -8,6 +8,8 @@
 // those members exist (they are compiled against the API either way).
 #include "support.hpp"
 
+#include "bench/raw_nodes.cuh"
+
 #include <tensorplay/graph.hpp>
 #include <tensorplay/graph/detail/bucket_memory.hpp>
 
@@ -66,16 +68,7 @@ struct HostBackend : tp_test::HostSegments<HostBackend> {
 const td::AllocatorBackend host_backend{&HostBackend::allocate, &HostBackend::release, &HostBackend::capture_seq};
 cudaStream_t fake_stream() { return reinterpret_cast<cudaStream_t>(std::uintptr_t{0x1000}); }
 
-// ---- raw graphs for the model -------------------------------------------------------------
-
-template <int P>
-struct Blob {
-  char bytes[P];
-};
-template <int P>
-__global__ void blob_kernel(Blob<P> blob, int* out) {
-  if (threadIdx.x == 0 && blob.bytes[0] == 123) *out = 1;
-}
+// ---- raw graphs for the model (nodes by bench/raw_nodes.cuh) --------------------------------
 
 // Device scratch the probe kernels write, freed at exit (memcheck's leak check).
 int* scratch_int() {
@@ -93,11 +86,7 @@ cudaGraphNode_t add_kernel(cudaGraph_t g, std::vector<cudaGraphNode_t> after = {
   static Blob<P> blob{};
   int* out = scratch_int();
   void* args[] = {&blob, &out};
-  cudaKernelNodeParams params{};
-  params.func = reinterpret_cast<void*>(&blob_kernel<P>);
-  params.gridDim = dim3(1);
-  params.blockDim = dim3(32);
-  params.kernelParams = args;
+  cudaKernelNodeParams params = raw_nodes::kernel_params(reinterpret_cast<void*>(&param_kernel<P>), args, 1, 32);
   cudaGraphNode_t n = nullptr;
   BOOST_REQUIRE_EQUAL(cudaGraphAddKernelNode(&n, g, after.data(), after.size(), &params), cudaSuccess);
   return n;
@@ -349,12 +338,7 @@ TP_GPU_TEST(model_counts_a_lane_per_independent_branch_and_none_for_empty_nodes)
   BOOST_TEST(shape_of(empties.get()).bytes == 0u);
 
   RawGraph memsets;  // a lane, nothing per node
-  int* dst = scratch_int();
-  cudaMemsetParams params{};
-  params.dst = dst;
-  params.elementSize = 4;
-  params.width = 16;
-  params.height = 1;
+  const cudaMemsetParams params = raw_nodes::memset_params(scratch_int(), 16);
   cudaGraphNode_t last = nullptr;
   for (int i = 0; i < 8; ++i) {
     cudaGraphNode_t m = nullptr;
@@ -384,16 +368,12 @@ TP_GPU_TEST(model_counts_recorded_conditional_bodies_as_executables_of_their_own
   const cudaGraphNode_t before = add_kernel(g.get());
   cudaGraphConditionalHandle handle{};
   BOOST_REQUIRE_EQUAL(cudaGraphConditionalHandleCreate(&handle, g.get(), 0, cudaGraphCondAssignDefault), cudaSuccess);
-  cudaGraphNodeParams params{};
-  params.type = cudaGraphNodeTypeConditional;
-  params.conditional.handle = handle;
-  params.conditional.type = cudaGraphCondTypeWhile;
-  params.conditional.size = 1;
   cudaGraphNode_t cond = nullptr;
-  BOOST_REQUIRE_EQUAL(td::add_node(&cond, g.get(), &before, 1, &params), cudaSuccess);
-  add_chain(params.conditional.phGraph_out[0], 5);
+  cudaGraph_t body = nullptr;
+  BOOST_REQUIRE_EQUAL(raw_nodes::add_conditional(&cond, &body, g.get(), handle, cudaGraphCondTypeWhile, &before, 1), cudaSuccess);
+  add_chain(body, 5);
   td::ConditionalBodies bodies;
-  bodies.add(cond, params.conditional.phGraph_out, 1);
+  bodies.add(cond, &body, 1);
   const td::ExecShape recorded = shape_of(g.get(), &bodies);
   BOOST_TEST(recorded.conditional_nodes == 1u);
   BOOST_TEST(recorded.kernel_nodes == 6u);

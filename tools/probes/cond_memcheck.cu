@@ -5,6 +5,8 @@
 // section 6: it did not, 6 copies at once, run 24).
 //   nvcc -std=c++20 -arch=sm_90 -o cond_memcheck cond_memcheck.cu
 //   for i in 1 2 3 4 5 6; do compute-sanitizer --tool memcheck --leak-check full ./cond_memcheck 300 & done; wait
+#include "../../bench/raw_nodes.cuh"
+
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdlib>
@@ -43,17 +45,13 @@ int main(int argc, char** argv) {
     cudaGraphConditionalHandle h;
     CK(cudaGraphConditionalHandleCreate(&h, g, 0, 0));
     // set_handle node
-    cudaKernelNodeParams kp{};
     void* args1[] = {&h, &counter};
-    kp.func = (void*)set_handle; kp.gridDim = dim3(1); kp.blockDim = dim3(1); kp.kernelParams = args1;
+    cudaKernelNodeParams kp = raw_nodes::kernel_params((void*)set_handle, args1);
     cudaGraphNode_t setter;
     CK(cudaGraphAddKernelNode(&setter, g, nullptr, 0, &kp));
-    cudaGraphNodeParams cp{};
-    cp.type = cudaGraphNodeTypeConditional;
-    cp.conditional.handle = h; cp.conditional.type = cudaGraphCondTypeWhile; cp.conditional.size = 1;
     cudaGraphNode_t cond;
-    CK(cudaGraphAddNode(&cond, g, &setter, nullptr, 1, &cp));
-    cudaGraph_t body = cp.conditional.phGraph_out[0];
+    cudaGraph_t body;
+    CK(raw_nodes::add_conditional(&cond, &body, g, h, cudaGraphCondTypeWhile, &setter, 1));
     CK(cudaStreamBeginCaptureToGraph(cap, body, nullptr, nullptr, 0, cudaStreamCaptureModeRelaxed));
     body_kernel<<<1, n, 0, cap>>>(h, counter, out, n);
     cudaGraph_t captured;

@@ -191,6 +191,20 @@ struct Case {
     (void)cudaGetLastError();                                         \
   } while (0)
 
+// The shape of most cases: a fresh stream (of `flags`) begins a global capture (and takes one
+// kernel unless `tick_first` is false), `during(s)` makes the case's calls, then the capture's
+// status and its end are printed and the stream destroyed.
+template <class During>
+void in_capture(During&& during, unsigned flags = cudaStreamNonBlocking, bool tick_first = true) {
+  cudaStream_t s = make_stream(flags);
+  SAY(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  if (tick_first) tick<<<1, 1, 0, s>>>(nullptr);
+  during(s);
+  std::printf("  status after: %s\n", status_of(s));
+  end_and_report(s);
+  cudaStreamDestroy(s);
+}
+
 void case_stream_sync() {
   Case c("cudaStreamSynchronize on the capturing stream");
   cudaStream_t s = make_stream();
@@ -228,93 +242,72 @@ void case_nested_sync(bool device) {
 
 void case_malloc_other_thread() {
   Case c("cudaMalloc on another thread during a global capture");
-  cudaStream_t s = make_stream();
-  SAY(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  tick<<<1, 1, 0, s>>>(nullptr);
-  std::thread([] {
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, 1 << 20);
-    std::printf("  [other thread] cudaMalloc -> %s\n", name(e));
-    (void)cudaGetLastError();
-    if (p) cudaFree(p);
-  }).join();
-  std::printf("  status after: %s\n", status_of(s));
-  end_and_report(s);
-  cudaStreamDestroy(s);
+  in_capture([](cudaStream_t) {
+    std::thread([] {
+      void* p = nullptr;
+      const cudaError_t e = cudaMalloc(&p, 1 << 20);
+      std::printf("  [other thread] cudaMalloc -> %s\n", name(e));
+      (void)cudaGetLastError();
+      if (p) cudaFree(p);
+    }).join();
+  });
 }
 
 void case_malloc_same_thread() {
   Case c("cudaMalloc on the capturing thread during a global capture");
-  cudaStream_t s = make_stream();
-  SAY(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   void* p = nullptr;
-  SAY(cudaMalloc(&p, 1 << 20));
-  std::printf("  status after: %s\n", status_of(s));
-  end_and_report(s);
+  in_capture([&](cudaStream_t) { SAY(cudaMalloc(&p, 1 << 20)); }, cudaStreamNonBlocking, false);
   if (p) cudaFree(p);
-  cudaStreamDestroy(s);
 }
 
 void case_legacy() {
   Case c("a kernel on the legacy default stream while a blocking stream captures");
-  cudaStream_t s = make_stream(cudaStreamDefault);
-  SAY(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  tick<<<1, 1, 0, s>>>(nullptr);
-  tick<<<1, 1, 0, 0>>>(nullptr);
-  SAY(cudaGetLastError());
-  std::printf("  status after: %s\n", status_of(s));
-  end_and_report(s);
-  cudaStreamDestroy(s);
+  in_capture(
+      [](cudaStream_t) {
+        tick<<<1, 1, 0, 0>>>(nullptr);
+        SAY(cudaGetLastError());
+      },
+      cudaStreamDefault);
 }
 
 void case_legacy_from_other_thread() {
   Case c("a kernel on the legacy default stream from another thread while a blocking stream captures");
-  cudaStream_t s = make_stream(cudaStreamDefault);
-  SAY(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  tick<<<1, 1, 0, s>>>(nullptr);
-  std::thread([] {
-    tick<<<1, 1, 0, 0>>>(nullptr);
-    std::printf("  [other thread] launch on legacy -> %s\n", name(cudaGetLastError()));
-  }).join();
-  std::printf("  status after: %s\n", status_of(s));
-  end_and_report(s);
-  cudaStreamDestroy(s);
+  in_capture(
+      [](cudaStream_t) {
+        std::thread([] {
+          tick<<<1, 1, 0, 0>>>(nullptr);
+          std::printf("  [other thread] launch on legacy -> %s\n", name(cudaGetLastError()));
+        }).join();
+      },
+      cudaStreamDefault);
 }
 
 void case_pageable(bool async) {
   Case c(async ? "cudaMemcpyAsync from pageable memory into the capture" : "cudaMemcpy (pageable) during the capture");
-  cudaStream_t s = make_stream();
   void* d = nullptr;
   cudaMalloc(&d, 4096);
   std::vector<char> host(4096);
-  SAY(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  tick<<<1, 1, 0, s>>>(nullptr);
-  if (async)
-    SAY(cudaMemcpyAsync(d, host.data(), 4096, cudaMemcpyHostToDevice, s));
-  else
-    SAY(cudaMemcpy(d, host.data(), 4096, cudaMemcpyHostToDevice));
-  std::printf("  status after: %s\n", status_of(s));
-  end_and_report(s);
+  in_capture([&](cudaStream_t s) {
+    if (async)
+      SAY(cudaMemcpyAsync(d, host.data(), 4096, cudaMemcpyHostToDevice, s));
+    else
+      SAY(cudaMemcpy(d, host.data(), 4096, cudaMemcpyHostToDevice));
+  });
   cudaFree(d);
-  cudaStreamDestroy(s);
 }
 
 void case_event(bool sync) {
   Case c(sync ? "cudaEventSynchronize of a captured event" : "cudaEventQuery of a captured event");
-  cudaStream_t s = make_stream();
   cudaEvent_t e = nullptr;
   cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-  SAY(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  tick<<<1, 1, 0, s>>>(nullptr);
-  SAY(cudaEventRecord(e, s));
-  if (sync)
-    SAY(cudaEventSynchronize(e));
-  else
-    SAY(cudaEventQuery(e));
-  std::printf("  status after: %s\n", status_of(s));
-  end_and_report(s);
+  in_capture([&](cudaStream_t s) {
+    SAY(cudaEventRecord(e, s));
+    if (sync)
+      SAY(cudaEventSynchronize(e));
+    else
+      SAY(cudaEventQuery(e));
+  });
   cudaEventDestroy(e);
-  cudaStreamDestroy(s);
 }
 
 void case_wait_outside_event() {
@@ -433,15 +426,14 @@ void case_cublas(bool create_inside) {
 
 void case_register_during_capture() {
   Case c("cudaLogsRegisterCallback and cudaLogsCurrent while a capture is open");
-  cudaStream_t s = make_stream();
-  SAY(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  cudaLogsCallbackHandle h = nullptr;
-  SAY(cudaLogsRegisterCallback(on_log, nullptr, &h));
-  cudaLogIterator it = 0;
-  SAY(cudaLogsCurrent(&it, 0));
-  std::printf("  status after: %s\n", status_of(s));
-  end_and_report(s);
-  cudaStreamDestroy(s);
+  in_capture(
+      [](cudaStream_t) {
+        cudaLogsCallbackHandle h = nullptr;
+        SAY(cudaLogsRegisterCallback(on_log, nullptr, &h));
+        cudaLogIterator it = 0;
+        SAY(cudaLogsCurrent(&it, 0));
+      },
+      cudaStreamNonBlocking, false);
 }
 
 // ---- costs ----------------------------------------------------------------------------------

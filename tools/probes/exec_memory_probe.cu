@@ -17,6 +17,7 @@
 #include <tensorplay/detail/exec_memory.hpp>
 
 #include "../../bench/decoder_kernels.cuh"
+#include "../../bench/raw_nodes.cuh"
 
 #include <cublas_v2.h>
 #include <cuda.h>
@@ -43,16 +44,6 @@ static const char* cu_error_name(CUresult e) {
 #define CK(x) do { if (const cudaError_t e_ = (x); e_ != cudaSuccess) fail(#x, cudaGetErrorString(e_), __LINE__); } while (0)
 #define CB(x) do { if (const cublasStatus_t e_ = (x); e_ != CUBLAS_STATUS_SUCCESS) fail(#x, cublasGetStatusName(e_), __LINE__); } while (0)
 #define CU(x) do { if (const CUresult e_ = (x); e_ != CUDA_SUCCESS) fail(#x, cu_error_name(e_), __LINE__); } while (0)
-
-template <int P>
-struct Blob {
-  char b[P];
-};
-
-template <int P>
-__global__ void param_kernel(Blob<P> blob, int* out) {
-  if (threadIdx.x == 0 && blob.b[0] == 123) *out = 1;
-}
 
 static int* g_scratch = nullptr;
 
@@ -92,12 +83,7 @@ static std::vector<char> g_blob(32768, 0);
 
 static cudaGraphNode_t add_kernel(cudaGraph_t g, const cudaGraphNode_t* dep, int ndep, int p, unsigned grid = 1) {
   void* args[] = {g_blob.data(), &g_scratch};
-  cudaKernelNodeParams kp{};
-  kp.func = kernel_for(p);
-  kp.gridDim = dim3(grid);
-  kp.blockDim = dim3(32);
-  kp.sharedMemBytes = 0;
-  kp.kernelParams = args;
+  cudaKernelNodeParams kp = raw_nodes::kernel_params(kernel_for(p), args, grid, 32);
   cudaGraphNode_t n = nullptr;
   CK(cudaGraphAddKernelNode(&n, g, dep, ndep, &kp));
   return n;
@@ -115,14 +101,9 @@ static tensorplay::detail::ConditionalBodies g_bodies;
 static cudaGraphNode_t add_conditional(cudaGraph_t g, cudaGraphNode_t last, cudaGraphConditionalNodeType type, int body, int p) {
   cudaGraphConditionalHandle h{};
   CK(cudaGraphConditionalHandleCreate(&h, g, 0, cudaGraphCondAssignDefault));
-  cudaGraphNodeParams np{};
-  np.type = cudaGraphNodeTypeConditional;
-  np.conditional.handle = h;
-  np.conditional.type = type;
-  np.conditional.size = 1;
   cudaGraphNode_t n = nullptr;
-  CK(cudaGraphAddNode(&n, g, last ? &last : nullptr, nullptr, last ? 1 : 0, &np));
-  cudaGraph_t b = np.conditional.phGraph_out[0];
+  cudaGraph_t b = nullptr;
+  CK(raw_nodes::add_conditional(&n, &b, g, h, type, last ? &last : nullptr, last ? 1 : 0));
   g_bodies.add(n, &b, 1);  // for the model
   cudaGraphNode_t bl = nullptr;
   add_kernel_chain(b, bl, body, p);
@@ -350,12 +331,7 @@ static cudaGraph_t build_more(const std::string& kind, int k, int b, int p, cuda
     cudaGraphNode_t last = nullptr;
     for (int j = 0; j < k; ++j) {
       void* args[] = {g_blob.data(), &g_scratch};
-      cudaKernelNodeParams kp{};
-      kp.func = kernel_for(p);
-      kp.gridDim = dim3(4);
-      kp.blockDim = dim3(32);
-      kp.sharedMemBytes = unsigned(b);
-      kp.kernelParams = args;
+      cudaKernelNodeParams kp = raw_nodes::kernel_params(kernel_for(p), args, 4, 32, unsigned(b));
       cudaGraphNode_t n = nullptr;
       CK(cudaGraphAddKernelNode(&n, g, last ? &last : nullptr, last ? 1 : 0, &kp));
       last = n;
@@ -403,13 +379,7 @@ static cudaGraph_t build(const std::string& kind, int k, int b, int p, cudaStrea
       for (int j = 0; j < b; ++j) branches.push_back(add_kernel(g, &top, 1, p));
       cudaGraphNode_t join = nullptr;
       if (kind == "forkjoin") {
-        cudaKernelNodeParams kp{};
-        void* args[] = {g_blob.data(), &g_scratch};
-        kp.func = kernel_for(p);
-        kp.gridDim = dim3(1);
-        kp.blockDim = dim3(32);
-        kp.kernelParams = args;
-        CK(cudaGraphAddKernelNode(&join, g, branches.data(), branches.size(), &kp));
+        join = add_kernel(g, branches.data(), int(branches.size()), p);
       } else {
         CK(cudaGraphAddEmptyNode(&join, g, branches.data(), branches.size()));
       }
@@ -424,13 +394,7 @@ static cudaGraph_t build(const std::string& kind, int k, int b, int p, cudaStrea
     }
   } else if (kind == "memset") {
     for (int i = 0; i < k; ++i) {
-      cudaMemsetParams mp{};
-      mp.dst = g_copy_dst;
-      mp.value = 0;
-      mp.elementSize = 4;
-      mp.width = 1024;
-      mp.height = 1;
-      mp.pitch = 0;
+      const cudaMemsetParams mp = raw_nodes::memset_params(g_copy_dst, 1024);
       cudaGraphNode_t n = nullptr;
       CK(cudaGraphAddMemsetNode(&n, g, last ? &last : nullptr, last ? 1 : 0, &mp));
       last = n;
@@ -458,11 +422,7 @@ static cudaGraph_t build(const std::string& kind, int k, int b, int p, cudaStrea
   } else if (kind == "mixed") {  // k groups of: b kernels then one memset (a gemm-like pattern)
     for (int i = 0; i < k; ++i) {
       add_kernel_chain(g, last, b, p);
-      cudaMemsetParams mp{};
-      mp.dst = g_copy_dst;
-      mp.elementSize = 4;
-      mp.width = 1024;
-      mp.height = 1;
+      const cudaMemsetParams mp = raw_nodes::memset_params(g_copy_dst, 1024);
       cudaGraphNode_t n = nullptr;
       CK(cudaGraphAddMemsetNode(&n, g, &last, 1, &mp));
       last = n;
