@@ -788,11 +788,16 @@ class Model {
       if (s_.stream[i] == uid) return i;
     return -1;
   }
-  std::vector<int> live_streams() const {
+  //! The slots i < count for which holds(i).
+  template <class Holds>
+  static std::vector<int> slots_where(int count, Holds holds) {
     std::vector<int> out;
-    for (int i = 0; i < stream_slots; ++i)
-      if (s_.stream[i] != 0) out.push_back(i);
+    for (int i = 0; i < count; ++i)
+      if (holds(i)) out.push_back(i);
     return out;
+  }
+  std::vector<int> live_streams() const {
+    return slots_where(stream_slots, [&](int i) { return s_.stream[i] != 0; });
   }
   //! A stream for eager work or replays: a live slot, or (1 in 8, or when none) the legacy stream.
   int any_stream() {
@@ -801,18 +806,13 @@ class Model {
     return rng_.pick(live);
   }
   std::vector<int> buffer_slots_where(std::size_t n = 0) const {
-    std::vector<int> out;
-    for (int i = 0; i < buffer_slots; ++i)
-      if (s_.buf[i] != 0 && (n == 0 || s_.buffers.at(s_.buf[i]).n == n)) out.push_back(i);
-    return out;
+    return slots_where(buffer_slots, [&](int i) { return s_.buf[i] != 0 && (n == 0 || s_.buffers.at(s_.buf[i]).n == n); });
   }
   std::vector<int> graph_slots_where(int captured /* -1 any, 0 not captured, 1 captured */) const {
-    std::vector<int> out;
-    for (int i = 0; i < graph_slots; ++i) {
+    return slots_where(graph_slots, [&](int i) {
       const GraphM& g = s_.graphs[i];
-      if (g.exists && (captured < 0 || g.captured == (captured == 1))) out.push_back(i);
-    }
-    return out;
+      return g.exists && (captured < 0 || g.captured == (captured == 1));
+    });
   }
   bool alive(const std::vector<int>& uids) const {
     for (int uid : uids)
@@ -1187,9 +1187,7 @@ class Model {
       case OpKind::BucketNew: return fill_bucket_new(op);
       case OpKind::BucketRun: return fill_bucket_run(op);
       case OpKind::BucketDestroy: {
-        std::vector<int> live;
-        for (int i = 0; i < bucket_slots; ++i)
-          if (s_.buckets[i].buffers) live.push_back(i);
+        const std::vector<int> live = slots_where(bucket_slots, [&](int i) { return s_.buckets[i].buffers; });
         if (live.empty()) return false;
         op.a = rng_.pick(live);
         op.sub = s_.buckets[op.a].exists ? rng_.below(2) : 1;
@@ -1202,9 +1200,10 @@ class Model {
       case OpKind::PieceAppend: return fill_piece_append(op);
       case OpKind::PieceReplay:
       case OpKind::PieceDestroy: {
-        std::vector<int> live;  // a replay: every buffer its pieces use alive (none appended: usage_error)
-        for (int i = 0; i < piece_slots; ++i)
-          if (s_.pieces[i].exists && (op.kind == OpKind::PieceDestroy || piece_replayable(s_.pieces[i]))) live.push_back(i);
+        // A replay: every buffer its pieces use alive (none appended: usage_error).
+        const std::vector<int> live = slots_where(piece_slots, [&](int i) {
+          return s_.pieces[i].exists && (op.kind == OpKind::PieceDestroy || piece_replayable(s_.pieces[i]));
+        });
         if (live.empty()) return false;
         op.a = rng_.pick(live);
         op.stream = any_stream();
@@ -2186,9 +2185,7 @@ class Model {
   }
 
   bool fill_bucket_run(Op& op) {
-    std::vector<int> live;
-    for (int i = 0; i < bucket_slots; ++i)
-      if (s_.buckets[i].exists) live.push_back(i);
+    const std::vector<int> live = slots_where(bucket_slots, [&](int i) { return s_.buckets[i].exists; });
     if (live.empty()) return false;
     op.a = rng_.pick(live);
     const BucketSpec& b = s_.buckets[op.a].spec;
@@ -2320,9 +2317,7 @@ class Model {
   // ---- PiecewiseGraph ----
 
   bool fill_piece_append(Op& op) {
-    std::vector<int> live;
-    for (int i = 0; i < piece_slots; ++i)
-      if (s_.pieces[i].exists) live.push_back(i);
+    const std::vector<int> live = slots_where(piece_slots, [&](int i) { return s_.pieces[i].exists; });
     if (live.empty()) return false;
     op.a = rng_.pick(live);
     op.sub = rng_.percent(65) ? 0 : 1;

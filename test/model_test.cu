@@ -387,22 +387,19 @@ class Executor {
     }
     return *streams_[static_cast<std::size_t>(slot)];
   }
-  tp::DeviceTensor<int>& buffer(int slot) {
-    auto& b = bufs_[static_cast<std::size_t>(slot)];
-    if (!b) {
-      fail("buffer slot " + std::to_string(slot) + " is empty here but not in the model");
-      b.emplace();
+  //! What `slots[slot]` holds. An empty slot, which the model says holds one, fails the run and
+  //! gets a default-made object, so that the run can go on.
+  template <class Slots>
+  auto& filled(Slots& slots, int slot, const char* what) {
+    auto& held = slots[static_cast<std::size_t>(slot)];
+    if (!held) {
+      fail(std::string(what) + " slot " + std::to_string(slot) + " is empty here but not in the model");
+      held.emplace();
     }
-    return *b;
+    return *held;
   }
-  tp::Graph& graph(int slot) {
-    auto& g = graphs_[static_cast<std::size_t>(slot)];
-    if (!g) {
-      fail("graph slot " + std::to_string(slot) + " is empty here but not in the model");
-      g.emplace();
-    }
-    return *g;
-  }
+  tp::DeviceTensor<int>& buffer(int slot) { return filled(bufs_, slot, "buffer"); }
+  tp::Graph& graph(int slot) { return filled(graphs_, slot, "graph"); }
   tp::DeviceTensor<bool>& flag_at(int f) { return flags_[static_cast<std::size_t>(f)]; }
   tp::DeviceTensor<int>& counter_at(int c) { return counters_[static_cast<std::size_t>(c)]; }
   //! Runs f with stream slot `slot` current (a StreamGuard; none for the legacy stream).
@@ -612,14 +609,7 @@ class Executor {
     }
   }
 
-  tp::PiecewiseGraph& piece(int slot) {
-    auto& p = pieces_[static_cast<std::size_t>(slot)];
-    if (!p) {
-      fail("piecewise slot " + std::to_string(slot) + " is empty here but not in the model");
-      p.emplace();
-    }
-    return *p;
-  }
+  tp::PiecewiseGraph& piece(int slot) { return filled(pieces_, slot, "piecewise"); }
 
   // ---- pools and retained objects ----
 
@@ -1105,146 +1095,152 @@ class Executor {
     if (tp::current_stream() != before) fail("the current stream was not restored after the capture");
   }
 
-  void capture(const mdl::Op& op) {
-    const mdl::CaptureSide& c = op.cap;
+  //! What capture() and update() of side `c` start with: c's stream made current when c asks for
+  //! a guard (until `f` returns), then f(g, e, options, before): the graph of c's slot, an Emit
+  //! into it, c's options and the stream current before the capture.
+  template <class F>
+  void on_side(const mdl::CaptureSide& c, F&& f) {
     std::optional<tp::StreamGuard> guard;
     if (c.stream_mode == mdl::StreamMode::Guard) guard.emplace(stream(c.stream));
     const tp::StreamRef before = tp::current_stream();
     tp::Graph& g = graph(c.slot);
     const tp::CaptureOptions options = options_for(c);
     Emit e{&g};
-    auto top = [&] {
-      const tp::StreamRef s = c.body_takes_stream ? g.capture_stream() : tp::current_stream();
-      enter(e, s);
-      return s;
-    };
-    auto begin_and_emit = [&] {  // a capture left open
-      expect_call(mdl::Outcome::Ok, "capture_begin and the body", [&] {
-        g.capture_begin(options);
-        emit_block(c.program, e, top());
-      });
-    };
-    const std::size_t all = ~std::size_t{0};
-    switch (op.variant) {
-      case mdl::Variant::Lambda: {
-        expect_call(c.expect, "capture", [&] { with_top_body(c, e, [&](auto body) { g.capture(body, options); }); });
-        after_capture(e, &g, before, all);
-        break;
-      }
-      case mdl::Variant::Manual:
-      case mdl::Variant::BeginTwice:
-        expect_call(c.expect, "capture_begin ... capture_end", [&] {
+    f(g, e, options, before);
+  }
+
+  void capture(const mdl::Op& op) {
+    const mdl::CaptureSide& c = op.cap;
+    on_side(c, [&](tp::Graph& g, Emit& e, const tp::CaptureOptions& options, tp::StreamRef before) {
+      auto top = [&] {
+        const tp::StreamRef s = c.body_takes_stream ? g.capture_stream() : tp::current_stream();
+        enter(e, s);
+        return s;
+      };
+      auto begin_and_emit = [&] {  // a capture left open
+        expect_call(mdl::Outcome::Ok, "capture_begin and the body", [&] {
           g.capture_begin(options);
-          if (op.variant == mdl::Variant::BeginTwice) {
-            expect_call(mdl::Outcome::Usage, "a second capture_begin", [&] { g.capture_begin(options); });
-            if (!g.is_capturing()) fail("a refused capture_begin ended the open capture");
-          }
           emit_block(c.program, e, top());
-          g.capture_end();
         });
-        after_capture(e, &g, before, all);
-        break;
-      case mdl::Variant::Interleaved: {
-        tp::Graph& g2 = graph(op.cap2.slot);
-        Emit e2{&g2};
-        expect_call(mdl::Outcome::Ok, "two captures at once", [&] {
-          g.capture_begin(options);
-          const tp::StreamRef s1 = g.capture_stream();
-          g2.capture_begin(options_for(op.cap2));
-          const tp::StreamRef s2 = g2.capture_stream();
-          enter(e, s1, false);
-          enter(e2, s2);
-          const std::size_t n = std::max(c.program.size(), op.cap2.program.size());
-          for (std::size_t i = 0; i < n; ++i) {
-            if (i < c.program.size()) emit(c.program[i], e, s1);
-            if (i < op.cap2.program.size()) emit(op.cap2.program[i], e2, s2);
-          }
-          if (op.second_ends_first) g2.capture_end();
-          g.capture_end();
-          if (!op.second_ends_first) g2.capture_end();
-        });
-        after_capture(e2, &g2, before, 1);
-        after_capture(e, &g, before, 1);  // A5
-        break;
-      }
-      case mdl::Variant::PoolBusy:
-      case mdl::Variant::StreamBusy: {
-        tp::Graph& g2 = graph(op.cap2.slot);
-        expect_call(mdl::Outcome::Ok, "capture", [&] {
-          g.capture_begin(options);
-          const tp::StreamRef s = top();
-          expect_call(mdl::Outcome::Usage,
-                      op.variant == mdl::Variant::PoolBusy ? "a second capture into the same pool" : "a second capture on the same stream",
-                      [&] { g2.capture_begin(options_for(op.cap2)); });
-          if (g2.is_capturing()) fail("a refused capture_begin left the second graph capturing");
-          if (!g.is_capturing()) fail("a refused capture_begin ended the first graph's capture");
-          if (op.cap2.stream_mode == mdl::StreamMode::Explicit && op.cap2.stream != c.stream &&
-              !tp_test::not_capturing(stream(op.cap2.stream)))
-            fail("a refused capture_begin left its stream capturing");
-          emit_block(c.program, e, s);
-          g.capture_end();
-        });
-        after_capture(e, &g, before, all);
-        break;
-      }
-      case mdl::Variant::StreamDestroyed: {
-        begin_and_emit();
-        streams_[static_cast<std::size_t>(c.stream)].reset();  // destroys the capturing stream
-        expect_call(c.expect, "capture_end after the capture stream was destroyed", [&] { g.capture_end(); });  // A1
-        if (g.is_capturing()) fail("the graph is still capturing after capture_end failed");
-        if (tp::current_stream() != before) fail("the current stream was not restored after the capture");
-        break;
-      }
-      case mdl::Variant::GraphDestroyed:
-      case mdl::Variant::GraphReset: {
-        begin_and_emit();
-        if (op.variant == mdl::Variant::GraphDestroyed) {
-          graphs_[static_cast<std::size_t>(c.slot)].reset();  // abandons the capture
-          after_capture(e, nullptr, before, 1);  // body streams died with the graph
-        } else {
-          g.reset();
+      };
+      const std::size_t all = ~std::size_t{0};
+      switch (op.variant) {
+        case mdl::Variant::Lambda: {
+          expect_call(c.expect, "capture", [&] { with_top_body(c, e, [&](auto body) { g.capture(body, options); }); });
           after_capture(e, &g, before, all);
+          break;
         }
-        break;
+        case mdl::Variant::Manual:
+        case mdl::Variant::BeginTwice:
+          expect_call(c.expect, "capture_begin ... capture_end", [&] {
+            g.capture_begin(options);
+            if (op.variant == mdl::Variant::BeginTwice) {
+              expect_call(mdl::Outcome::Usage, "a second capture_begin", [&] { g.capture_begin(options); });
+              if (!g.is_capturing()) fail("a refused capture_begin ended the open capture");
+            }
+            emit_block(c.program, e, top());
+            g.capture_end();
+          });
+          after_capture(e, &g, before, all);
+          break;
+        case mdl::Variant::Interleaved: {
+          tp::Graph& g2 = graph(op.cap2.slot);
+          Emit e2{&g2};
+          expect_call(mdl::Outcome::Ok, "two captures at once", [&] {
+            g.capture_begin(options);
+            const tp::StreamRef s1 = g.capture_stream();
+            g2.capture_begin(options_for(op.cap2));
+            const tp::StreamRef s2 = g2.capture_stream();
+            enter(e, s1, false);
+            enter(e2, s2);
+            const std::size_t n = std::max(c.program.size(), op.cap2.program.size());
+            for (std::size_t i = 0; i < n; ++i) {
+              if (i < c.program.size()) emit(c.program[i], e, s1);
+              if (i < op.cap2.program.size()) emit(op.cap2.program[i], e2, s2);
+            }
+            if (op.second_ends_first) g2.capture_end();
+            g.capture_end();
+            if (!op.second_ends_first) g2.capture_end();
+          });
+          after_capture(e2, &g2, before, 1);
+          after_capture(e, &g, before, 1);  // A5
+          break;
+        }
+        case mdl::Variant::PoolBusy:
+        case mdl::Variant::StreamBusy: {
+          tp::Graph& g2 = graph(op.cap2.slot);
+          expect_call(mdl::Outcome::Ok, "capture", [&] {
+            g.capture_begin(options);
+            const tp::StreamRef s = top();
+            expect_call(mdl::Outcome::Usage,
+                        op.variant == mdl::Variant::PoolBusy ? "a second capture into the same pool" : "a second capture on the same stream",
+                        [&] { g2.capture_begin(options_for(op.cap2)); });
+            if (g2.is_capturing()) fail("a refused capture_begin left the second graph capturing");
+            if (!g.is_capturing()) fail("a refused capture_begin ended the first graph's capture");
+            if (op.cap2.stream_mode == mdl::StreamMode::Explicit && op.cap2.stream != c.stream &&
+                !tp_test::not_capturing(stream(op.cap2.stream)))
+              fail("a refused capture_begin left its stream capturing");
+            emit_block(c.program, e, s);
+            g.capture_end();
+          });
+          after_capture(e, &g, before, all);
+          break;
+        }
+        case mdl::Variant::StreamDestroyed: {
+          begin_and_emit();
+          streams_[static_cast<std::size_t>(c.stream)].reset();  // destroys the capturing stream
+          expect_call(c.expect, "capture_end after the capture stream was destroyed", [&] { g.capture_end(); });  // A1
+          if (g.is_capturing()) fail("the graph is still capturing after capture_end failed");
+          if (tp::current_stream() != before) fail("the current stream was not restored after the capture");
+          break;
+        }
+        case mdl::Variant::GraphDestroyed:
+        case mdl::Variant::GraphReset: {
+          begin_and_emit();
+          if (op.variant == mdl::Variant::GraphDestroyed) {
+            graphs_[static_cast<std::size_t>(c.slot)].reset();  // abandons the capture
+            after_capture(e, nullptr, before, 1);  // body streams died with the graph
+          } else {
+            g.reset();
+            after_capture(e, &g, before, all);
+          }
+          break;
+        }
+        case mdl::Variant::MovedMidCapture: {
+          expect_call(mdl::Outcome::Ok, "capture, moved halfway", [&] {
+            g.capture_begin(options);
+            const tp::StreamRef s = top();
+            for (int i = 0; i < op.split; ++i) emit(c.program[static_cast<std::size_t>(i)], e, s);
+            put(graphs_[static_cast<std::size_t>(op.cap2.slot)], std::move(g));
+            tp::Graph& moved = *graphs_[static_cast<std::size_t>(op.cap2.slot)];
+            e.graph = &moved;
+            if (!moved.is_capturing() || g.is_capturing()) fail("moving a capturing graph did not move its capture");
+            for (std::size_t i = static_cast<std::size_t>(op.split); i < c.program.size(); ++i) emit(c.program[i], e, s);
+            moved.capture_end();
+          });
+          after_capture(e, e.graph, before, all);
+          break;
+        }
       }
-      case mdl::Variant::MovedMidCapture: {
-        expect_call(mdl::Outcome::Ok, "capture, moved halfway", [&] {
-          g.capture_begin(options);
-          const tp::StreamRef s = top();
-          for (int i = 0; i < op.split; ++i) emit(c.program[static_cast<std::size_t>(i)], e, s);
-          put(graphs_[static_cast<std::size_t>(op.cap2.slot)], std::move(g));
-          tp::Graph& moved = *graphs_[static_cast<std::size_t>(op.cap2.slot)];
-          e.graph = &moved;
-          if (!moved.is_capturing() || g.is_capturing()) fail("moving a capturing graph did not move its capture");
-          for (std::size_t i = static_cast<std::size_t>(op.split); i < c.program.size(); ++i) emit(c.program[i], e, s);
-          moved.capture_end();
-        });
-        after_capture(e, e.graph, before, all);
-        break;
-      }
-    }
+    });
   }
 
   // ---- updates ----
 
   void update(const mdl::Op& op) {
     const mdl::CaptureSide& c = op.cap;
-    std::optional<tp::StreamGuard> guard;
-    if (c.stream_mode == mdl::StreamMode::Guard) guard.emplace(stream(c.stream));
-    const tp::StreamRef before = tp::current_stream();
-    tp::Graph& g = graph(c.slot);
-    const tp::CaptureOptions options = options_for(c);
-    Emit e{&g};
-    std::optional<tp::UpdateResult> result;
-    expect_call(c.expect, "update", [&] { result = with_top_body(c, e, [&](auto body) { return g.update(body, options); }); });
-    after_capture(e, &g, before, ~std::size_t{0});
-    if (!result) return;
-    const bool in_place = result->outcome == tp::UpdateOutcome::Updated;
-    if (in_place && (result->reason != cudaGraphExecUpdateSuccess || result->error_node))
-      fail("update: Updated, with a reason or an error node");
-    if (op.update_outcome != 0 && in_place != (op.update_outcome == 1))
-      fail(std::string("update: expected ") + (op.update_outcome == 1 ? "Updated" : "Reinstantiated") + ", got " +
-           (in_place ? "Updated" : "Reinstantiated") + " (reason " + std::string(tp::to_string(result->reason)) + ")");
+    on_side(c, [&](tp::Graph& g, Emit& e, const tp::CaptureOptions& options, tp::StreamRef before) {
+      std::optional<tp::UpdateResult> result;
+      expect_call(c.expect, "update", [&] { result = with_top_body(c, e, [&](auto body) { return g.update(body, options); }); });
+      after_capture(e, &g, before, ~std::size_t{0});
+      if (!result) return;
+      const bool in_place = result->outcome == tp::UpdateOutcome::Updated;
+      if (in_place && (result->reason != cudaGraphExecUpdateSuccess || result->error_node))
+        fail("update: Updated, with a reason or an error node");
+      if (op.update_outcome != 0 && in_place != (op.update_outcome == 1))
+        fail(std::string("update: expected ") + (op.update_outcome == 1 ? "Updated" : "Reinstantiated") + ", got " +
+             (in_place ? "Updated" : "Reinstantiated") + " (reason " + std::string(tp::to_string(result->reason)) + ")");
+    });
   }
 
   // ---- PiecewiseGraph ----

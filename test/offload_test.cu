@@ -223,6 +223,24 @@ Injected fail_call(long k, F&& call) {
   return {what, fired};
 }
 
+//! Runs `call` with its k-th CUDA call failing, for k = 1, 2, ... (`prepare()` before each run,
+//! with nothing armed), and `failed(what)` after each run the failure fired in, in a context that
+//! names `label`, k and the error. It stops at the first run where the failure fired nowhere,
+//! which must throw nothing, and returns that run's k - 1: the number of calls `call` makes.
+template <class Prepare, class Call, class Failed>
+long sweep_failing_calls(const char* label, Prepare&& prepare, Call&& call, Failed&& failed) {
+  for (long k = 1;; ++k) {
+    prepare();
+    const Injected run = fail_call(k, call);
+    if (!run.fired) {
+      BOOST_TEST(run.what.empty());
+      return k - 1;
+    }
+    BOOST_TEST_CONTEXT(label << ", failing call " << k << ": " << run.what) { failed(run.what); }
+    BOOST_REQUIRE(k < 1000);
+  }
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(offload)
@@ -497,35 +515,25 @@ TP_GPU_TEST(a_failure_at_any_call_of_offload_leaves_the_pool_whole_in_one_of_its
   Model m(offloadable());
   m.replay();
   const std::size_t before = used_device_bytes();
-  long calls = 0;
   int resident = 0;
   int offloaded = 0;
-  for (long k = 1;; ++k) {
-    const auto [what, fired] = fail_call(k, [&] { m.pool.offload(m.stream); });
-    if (!fired) {
-      calls = k - 1;
-      BOOST_TEST(what.empty());
-      BOOST_TEST(m.pool.offloaded());
+  const long calls = sweep_failing_calls("offload", [] {}, [&] { m.pool.offload(m.stream); }, [&](const std::string& what) {
+    BOOST_TEST(!what.empty());
+    if (m.pool.offloaded()) {
+      ++offloaded;
+      BOOST_TEST(contains(what, "is offloaded"));
       m.pool.restore(m.stream);
-      break;
+    } else {
+      ++resident;
+      BOOST_TEST(contains(what, "stays on the device"));
     }
-    BOOST_TEST_CONTEXT("offload, failing call " << k << ": " << what) {
-      BOOST_TEST(!what.empty());
-      if (m.pool.offloaded()) {
-        ++offloaded;
-        BOOST_TEST(contains(what, "is offloaded"));
-        m.pool.restore(m.stream);
-      } else {
-        ++resident;
-        BOOST_TEST(contains(what, "stays on the device"));
-      }
-      m.check("after the failure (and restore)");
-      m.replay();
-      m.check("and a replay");
-      BOOST_TEST(tp_test::not_capturing(m.stream));
-    }
-    BOOST_REQUIRE(k < 1000);
-  }
+    m.check("after the failure (and restore)");
+    m.replay();
+    m.check("and a replay");
+    BOOST_TEST(tp_test::not_capturing(m.stream));
+  });
+  BOOST_TEST(m.pool.offloaded());
+  m.pool.restore(m.stream);
   std::printf("offload: %ld calls, %d failures left it on the device, %d offloaded\n", calls, resident, offloaded);
   BOOST_TEST(calls >= 8);  // syncs, host allocation, copies, unmaps and releases of 4 segments
   BOOST_TEST(resident > 0);
@@ -537,30 +545,23 @@ TP_GPU_TEST(a_failure_at_any_call_of_restore_leaves_the_pool_offloaded_and_whole
   Model m(offloadable());
   m.replay();
   const std::size_t before = used_device_bytes();
-  long calls = 0;
-  for (long k = 1;; ++k) {
+  std::size_t asleep = 0;
+  auto offload = [&] {
     m.pool.offload(m.stream);
-    const std::size_t asleep = used_device_bytes();
-    const auto [what, fired] = fail_call(k, [&] { m.pool.restore(m.stream); });
-    if (!fired) {
-      calls = k - 1;
-      BOOST_TEST(what.empty());
-      BOOST_TEST(!m.pool.offloaded());
-      m.check("after a restore with no failure");
-      break;
-    }
-    BOOST_TEST_CONTEXT("restore, failing call " << k << ": " << what) {
-      BOOST_TEST(contains(what, "stays offloaded"));
-      BOOST_TEST(m.pool.offloaded());
-      BOOST_TEST(m.pool.reserved_bytes() == 0u);  // what the failed call backed went again
-      if (!under_sanitizer()) BOOST_TEST(used_device_bytes() <= asleep + slack);
-      m.pool.restore(m.stream);
-      m.check("after the failure and another restore");
-      m.replay();
-      m.check("and a replay");
-    }
-    BOOST_REQUIRE(k < 1000);
-  }
+    asleep = used_device_bytes();
+  };
+  const long calls = sweep_failing_calls("restore", offload, [&] { m.pool.restore(m.stream); }, [&](const std::string& what) {
+    BOOST_TEST(contains(what, "stays offloaded"));
+    BOOST_TEST(m.pool.offloaded());
+    BOOST_TEST(m.pool.reserved_bytes() == 0u);  // what the failed call backed went again
+    if (!under_sanitizer()) BOOST_TEST(used_device_bytes() <= asleep + slack);
+    m.pool.restore(m.stream);
+    m.check("after the failure and another restore");
+    m.replay();
+    m.check("and a replay");
+  });
+  BOOST_TEST(!m.pool.offloaded());
+  m.check("after a restore with no failure");
   std::printf("restore: %ld calls\n", calls);
   BOOST_TEST(calls >= 12);  // create, map and access for 4 segments, copies, a sync
   if (!under_sanitizer()) BOOST_TEST(used_device_bytes() <= before + slack);

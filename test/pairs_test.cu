@@ -66,11 +66,18 @@ void iota(tp::DeviceTensor<int>& t, int base, tp::StreamRef s, std::size_t count
 void fill_all(tp::DeviceTensor<int>& t, int value, tp::StreamRef s) {
   tp_test::fill_kernel<<<tp_test::blocks_for(t.size()), 256, 0, s>>>(t.data(), t.size(), value);
 }
-// The conditional state of a loop of k iterations: counter = k, more = k > 0.
-void arm_loop(tp::DeviceTensor<int>& counter, tp::DeviceTensor<bool>& more, int k, tp::StreamRef s) {
-  set_int<<<1, 1, 0, s>>>(counter.data(), k);
-  set_flag<<<1, 1, 0, s>>>(more.data(), k > 0);
-}
+// The conditional state of a while_ loop whose body ends with step(): arm(k) before a replay
+// (counter = k, more = k > 0) makes the body run k times.
+struct Countdown {
+  explicit Countdown(tp::StreamRef s) : counter(1, s), more(1, s) {}
+  void arm(int k, tp::StreamRef s) {
+    set_int<<<1, 1, 0, s>>>(counter.data(), k);
+    set_flag<<<1, 1, 0, s>>>(more.data(), k > 0);
+  }
+  void step(tp::StreamRef s) { count_down<<<1, 1, 0, s>>>(counter.data(), more.data()); }
+  tp::DeviceTensor<int> counter;
+  tp::DeviceTensor<bool> more;
+};
 
 // A host copy for any thread (throws instead of using Boost.Test's assertions).
 std::vector<int> host_in_thread(const tp::DeviceTensor<int>& t, tp::StreamRef s) {
@@ -203,8 +210,7 @@ TP_GPU_TEST(retain_and_conditionals) {
   tp::Stream stream;
   tp::DeviceTensor<int> x(n, stream);
   tp::DeviceTensor<int> y(n, stream);
-  tp::DeviceTensor<int> counter(1, stream);
-  tp::DeviceTensor<bool> more(1, stream);
+  Countdown countdown(stream);
   tp::DeviceTensor<bool> yes(1, stream);
   Watched in_body = watched();
   Watched after = watched();
@@ -215,10 +221,10 @@ TP_GPU_TEST(retain_and_conditionals) {
   std::optional<tp::Graph> outer(std::in_place);
   outer->capture(
       [&](tp::StreamRef) {
-        outer->while_(more, [&](tp::StreamRef b) {
+        outer->while_(countdown.more, [&](tp::StreamRef b) {
           outer->retain(std::move(in_body.token));
           add_into<<<8, 256, 0, b>>>(x.data(), x.data(), n, 2);  // x += 2 per iteration
-          count_down<<<1, 1, 0, b>>>(counter.data(), more.data());
+          countdown.step(b);
         });
         tp::IfScope when(*outer, yes);
         add_into<<<8, 256, 0, when.stream()>>>(x.data(), y.data(), n, 0);  // y = x
@@ -229,7 +235,7 @@ TP_GPU_TEST(retain_and_conditionals) {
   auto round = [&](int k, bool take) {
     iota(x, 10 * k, stream);
     fill_all(y, -1, stream);
-    arm_loop(counter, more, k, stream);
+    countdown.arm(k, stream);
     set_flag<<<1, 1, 0, stream>>>(yes.data(), take);
     outer->replay(stream);
     BOOST_TEST(mismatch(host(x, stream), [&](std::size_t i) { return iota_at(10 * k, i) + 2 * k; }) == "", "k " << k);
@@ -549,10 +555,8 @@ TP_GPU_TEST(conditionals_and_shared_pools) {
   tp::DeviceTensor<int> x(n, stream);
   tp::DeviceTensor<int> y(n, stream);
   tp::DeviceTensor<int> w(n, stream);
-  tp::DeviceTensor<int> counter(1, stream);
-  tp::DeviceTensor<int> counter2(1, stream);
-  tp::DeviceTensor<bool> more(1, stream);
-  tp::DeviceTensor<bool> more2(1, stream);
+  Countdown countdown(stream);
+  Countdown countdown2(stream);
   tp::DeviceTensor<bool> flag(1, stream);
   const tp::Pool pool = tp::graph_pool_handle();
   tp::Graph a(tp::GraphOptions{.pool = pool});
@@ -560,9 +564,9 @@ TP_GPU_TEST(conditionals_and_shared_pools) {
   std::optional<tp::DeviceTensor<int>> kept;
   a.capture(
       [&](tp::StreamRef) {
-        a.while_(more, [&](tp::StreamRef s) {
+        a.while_(countdown.more, [&](tp::StreamRef s) {
           through_temporary(x, x, 1)(s);  // x += 1 per iteration
-          count_down<<<1, 1, 0, s>>>(counter.data(), more.data());
+          countdown.step(s);
         });
       },
       {.stream = stream});
@@ -576,10 +580,10 @@ TP_GPU_TEST(conditionals_and_shared_pools) {
               add_into<<<8, 256, 0, s>>>(y.data(), kept->data(), n, 0);  // kept = y, only on this branch
             },
             [&](tp::StreamRef s) { through_temporary(x, y, -100)(s); });
-        tp::WhileScope loop(b, more2);  // w = y + 3 * iterations
+        tp::WhileScope loop(b, countdown2.more);  // w = y + 3 * iterations
         add_into<<<8, 256, 0, loop.stream()>>>(y.data(), w.data(), n, 0);
         through_temporary(w, w, 3)(loop.stream());
-        count_down<<<1, 1, 0, loop.stream()>>>(counter2.data(), more2.data());
+        countdown2.step(loop.stream());
       },
       {.stream = stream});
   BOOST_TEST((a.pool() == pool));
@@ -589,8 +593,8 @@ TP_GPU_TEST(conditionals_and_shared_pools) {
     const bool then_branch = k % 2 == 1;
     iota(x, k, stream);
     fill_all(w, -7, stream);
-    arm_loop(counter, more, k, stream);
-    arm_loop(counter2, more2, 1, stream);
+    countdown.arm(k, stream);
+    countdown2.arm(1, stream);
     set_flag<<<1, 1, 0, stream>>>(flag.data(), then_branch);
     a.replay(stream);  // capture order
     b.replay(stream);
@@ -623,15 +627,14 @@ TP_GPU_TEST(conditionals_and_buckets) {
   tp::DeviceTensor<int> in(top, stream);
   tp::DeviceTensor<int> mid(top, stream);
   tp::DeviceTensor<int> out(top, stream);
-  tp::DeviceTensor<int> counter(1, stream);
-  tp::DeviceTensor<bool> more(1, stream);
+  Countdown countdown(stream);
   tp::DeviceTensor<bool> yes(1, stream);
   tp::Graph loop;  // mid += 1 per iteration; then mid += 100 when yes
   loop.capture(
       [&](tp::StreamRef) {
-        loop.while_(more, [&](tp::StreamRef b) {
+        loop.while_(countdown.more, [&](tp::StreamRef b) {
           tp_test::add_kernel<<<8, 256, 0, b>>>(mid.data(), top, 1);
-          count_down<<<1, 1, 0, b>>>(counter.data(), more.data());
+          countdown.step(b);
         });
         loop.if_(yes, [&](tp::StreamRef b) { tp_test::add_kernel<<<8, 256, 0, b>>>(mid.data(), top, 100); });
       },
@@ -651,7 +654,7 @@ TP_GPU_TEST(conditionals_and_buckets) {
     const int base = 10 * round++;
     iota(in, base, stream);
     fill_all(out, -1, stream);
-    arm_loop(counter, more, k, stream);
+    countdown.arm(k, stream);
     set_flag<<<1, 1, 0, stream>>>(yes.data(), take);
     const std::size_t ran = buckets.run(batch, stream);
     BOOST_TEST(ran == (batch > 512 ? batch : buckets.bucket_for(batch)));
@@ -681,18 +684,17 @@ TP_GPU_TEST(conditionals_on_six_threads) {
     tp::DeviceTensor<int> x(n, stream);
     tp::DeviceTensor<int> y(n, stream);
     tp::DeviceTensor<int> z(n, stream);
-    tp::DeviceTensor<int> counter(1, stream);
+    Countdown countdown(stream);
     tp::DeviceTensor<int> index(1, stream);
-    tp::DeviceTensor<bool> more(1, stream);
     tp::DeviceTensor<bool> flag(1, stream);
     tp::Graph graph(tp::GraphOptions{.capture_error_mode = thread_local_mode});
     auto capture = [&] {
       graph.reset();
       graph.capture(
           [&](tp::StreamRef) {
-            graph.while_(more, [&](tp::StreamRef s) {
+            graph.while_(countdown.more, [&](tp::StreamRef s) {
               add_into<<<8, 256, 0, s>>>(x.data(), x.data(), n, 1);
-              count_down<<<1, 1, 0, s>>>(counter.data(), more.data());
+              countdown.step(s);
             });
             graph.switch_(
                 index, [&](tp::StreamRef s) { add_into<<<8, 256, 0, s>>>(x.data(), y.data(), n, 0); },
@@ -712,7 +714,7 @@ TP_GPU_TEST(conditionals_on_six_threads) {
       const bool then_branch = round % 2 == 0;
       iota(x, 1000 * t + round, stream);
       fill_all(y, -5, stream);
-      arm_loop(counter, more, k, stream);
+      countdown.arm(k, stream);
       set_int<<<1, 1, 0, stream>>>(index.data(), which);
       set_flag<<<1, 1, 0, stream>>>(flag.data(), then_branch);
       graph.replay(stream);

@@ -188,6 +188,22 @@ std::uint64_t sum(const std::vector<std::uint64_t>& increments) {
   return total;
 }
 
+//! An eager draw of `increment` offsets from `rng` on `stream`, logged in `log`, and noted in
+//! `incs` (the increments its eager run must draw).
+void eager_draw(const DeviceLog& log, tp::RandomState& rng, std::vector<std::uint64_t>& incs, std::uint64_t increment,
+                tp::StreamRef stream, tp::source_location where = tp::source_location::current()) {
+  logged(log.view(), increment, rng.next(increment, stream, where), stream);
+  incs.push_back(increment);
+}
+
+//! What most cases end with: `log` holds the increments `incs` drawn eagerly from a fresh
+//! RandomState(seed) (log first: see CHECK_SAME_DRAWS), and `rng` took exactly their offsets.
+void check_eager_sequence(const DeviceLog& log, std::uint64_t seed, const std::vector<std::uint64_t>& incs,
+                          const tp::RandomState& rng) {
+  CHECK_SAME_DRAWS(log.read(), eager_run(seed, incs));
+  BOOST_TEST(rng.offset() == sum(incs));
+}
+
 //! "" when the ranges [offset, offset + increment) of `records` (of `seed`) tile [0, total)
 //! exactly: no offset taken twice, none left out; else what is wrong.
 std::string tiles(std::vector<Record> records, std::uint64_t seed, std::uint64_t total) {
@@ -209,6 +225,29 @@ tp::DeviceTensor<bool> flag(bool value, cudaStream_t stream) {
   BOOST_REQUIRE_EQUAL(cudaStreamSynchronize(stream), cudaSuccess);
   return pred;
 }
+
+//! A while_ loop that runs a set number of times: start_loop sets its two device words, and
+//! count_down ends every iteration.
+class CountedLoop {
+ public:
+  explicit CountedLoop(tp::StreamRef stream) : left_(1, stream), more_(1, stream) {}
+
+  //! Captures on `s` (a capture or body stream of `graph`) a while_ node whose body, `body` then
+  //! count_down, runs `iterations` times at every replay.
+  template <class Body>
+  void capture(tp::Graph& graph, tp::StreamRef s, int iterations, Body&& body,
+               tp::source_location where = tp::source_location::current()) {
+    start_loop<<<1, 1, 0, s>>>(left_.data(), more_.data(), iterations);
+    graph.while_(more_, [&](tp::StreamRef loop) {
+      body(loop);
+      count_down<<<1, 1, 0, loop>>>(left_.data(), more_.data());
+    }, where);
+  }
+
+ private:
+  tp::DeviceTensor<int> left_;
+  tp::DeviceTensor<bool> more_;
+};
 
 //! True when this thread has no capture open anywhere: a capture in global mode (the default)
 //! refuses cudaMalloc, and a stream-ordered synchronisation of the device, from its thread.
@@ -232,16 +271,14 @@ void load_kernels() {
   tp::Stream stream;
   DeviceLog log(16);
   tp::DeviceTensor<bool> yes = flag(true, stream);
-  tp::DeviceTensor<int> left(1, stream);
-  tp::DeviceTensor<bool> more(1, stream);
+  CountedLoop counter(stream);
   tp::RandomState rng(0);
   logged(log.view(), 1, rng.next(1, stream), stream);
   tp::Graph graph;
   graph.capture([&](tp::StreamRef s) {
     logged(log.view(), 1, rng.next(1, s), s);
     graph.if_(yes, [&](tp::StreamRef body) { logged(log.view(), 1, rng.next(1, body), body); });
-    start_loop<<<1, 1, 0, s>>>(left.data(), more.data(), 1);
-    graph.while_(more, [&](tp::StreamRef body) { count_down<<<1, 1, 0, body>>>(left.data(), more.data()); });
+    counter.capture(graph, s, 1, [](tp::StreamRef) {});
   }, {.stream = stream});
   graph.replay(stream);
   stream.synchronize();
@@ -384,8 +421,7 @@ TP_GPU_TEST(threads_with_their_own_states_and_graphs_each_draw_their_eager_seque
       std::vector<std::uint64_t>& incs = increments[static_cast<std::size_t>(t)];
       tp::Stream stream;
       tp::StreamGuard guard(stream);
-      tp::DeviceTensor<int> left(1, stream);
-      tp::DeviceTensor<bool> more(1, stream);
+      CountedLoop counter(stream);
       const std::uint64_t k = static_cast<std::uint64_t>(t) % 3 + 1;
       const int iterations = t % 3 + 1;
       tp::Graph graph(tp::GraphOptions{.capture_error_mode = thread_local_mode});
@@ -398,11 +434,7 @@ TP_GPU_TEST(threads_with_their_own_states_and_graphs_each_draw_their_eager_seque
         tp::RandomState rng(1000 + static_cast<std::uint64_t>(t));
         graph.capture([&](tp::StreamRef s) {
           logged(view, k, rng.next(k), s);
-          start_loop<<<1, 1, 0, s>>>(left.data(), more.data(), iterations);
-          graph.while_(more, [&](tp::StreamRef body) {
-            logged(view, 2, rng.next(2), body);
-            count_down<<<1, 1, 0, body>>>(left.data(), more.data());
-          });
+          counter.capture(graph, s, iterations, [&](tp::StreamRef body) { logged(view, 2, rng.next(2), body); });
           logged(view, 1, rng.next(1), s);
         });
         for (int r = 0; r < rounds; ++r) {
@@ -440,8 +472,7 @@ TP_GPU_TEST(graphs_outliving_their_state_continue_its_sequence_beside_a_new_stat
   tp::Stream stream;
   DeviceLog log(256);
   DeviceLog other_log(64);
-  tp::DeviceTensor<int> left(1, stream);
-  tp::DeviceTensor<bool> more(1, stream);
+  CountedLoop counter(stream);
   tp::Graph plain;
   tp::Graph looped;
   std::vector<std::uint64_t> incs;
@@ -455,11 +486,7 @@ TP_GPU_TEST(graphs_outliving_their_state_continue_its_sequence_beside_a_new_stat
       logged(log.view(), 1, rng.next(1, s), s);
     }, {.stream = stream});
     looped.capture([&](tp::StreamRef s) {
-      start_loop<<<1, 1, 0, s>>>(left.data(), more.data(), 3);
-      looped.while_(more, [&](tp::StreamRef body) {
-        logged(log.view(), 4, rng.next(4, body), body);
-        count_down<<<1, 1, 0, body>>>(left.data(), more.data());
-      });
+      counter.capture(looped, s, 3, [&](tp::StreamRef body) { logged(log.view(), 4, rng.next(4, body), body); });
       logged(log.view(), 2, rng.next(2, s), s);
     }, {.stream = stream});
   }  // nothing captured ran yet
@@ -468,14 +495,12 @@ TP_GPU_TEST(graphs_outliving_their_state_continue_its_sequence_beside_a_new_stat
   for (int r = 0; r < 4; ++r) {
     plain.replay(stream);
     append(incs, {3, 1});
-    logged(other_log.view(), 6, newcomer.next(6, stream), stream);
-    other.push_back(6);
+    eager_draw(other_log, newcomer, other, 6, stream);
     looped.replay(stream);
     append(incs, {4, 4, 4, 2});
   }
   CHECK_SAME_DRAWS(log.read(), eager_run(77, incs));
-  CHECK_SAME_DRAWS(other_log.read(), eager_run(78, other));
-  BOOST_TEST(newcomer.offset() == sum(other));
+  check_eager_sequence(other_log, 78, other, newcomer);
 }
 
 // A state destroyed while a capture that drew from it (at the top level and in an if body) is
@@ -494,8 +519,7 @@ TP_GPU_TEST(a_state_destroyed_and_another_made_mid_capture_leave_a_graph_drawing
   std::optional<tp::RandomState> late;
   std::vector<std::uint64_t> incs;
   std::vector<std::uint64_t> late_incs;
-  logged(log.view(), 3, rng->next(3, stream), stream);
-  incs.push_back(3);
+  eager_draw(log, *rng, incs, 3, stream);
   tp::Graph graph;
   graph.capture([&](tp::StreamRef s) {
     logged(log.view(), 2, rng->next(2, s), s);
@@ -511,11 +535,9 @@ TP_GPU_TEST(a_state_destroyed_and_another_made_mid_capture_leave_a_graph_drawing
     append(incs, {2, 4});
     late_incs.push_back(5);
   }
-  logged(late_log.view(), 1, late->next(1, stream), stream);
-  late_incs.push_back(1);
+  eager_draw(late_log, *late, late_incs, 1, stream);
   CHECK_SAME_DRAWS(log.read(), eager_run(13, incs));
-  CHECK_SAME_DRAWS(late_log.read(), eager_run(14, late_incs));
-  BOOST_TEST(late->offset() == sum(late_incs));
+  check_eager_sequence(late_log, 14, late_incs, *late);
 }
 
 // A state dies with its eager draws still queued behind a long kernel; a new state, which may
@@ -534,14 +556,12 @@ BOOST_AUTO_TEST_CASE(a_state_dying_with_eager_draws_queued_leaves_them_their_num
   {
     tp::RandomState dying(5);
     for (std::uint64_t i = 0; i < 20; ++i) {
-      logged(slow_log.view(), i % 3 + 1, dying.next(i % 3 + 1, slow), slow);
-      slow_incs.push_back(i % 3 + 1);
+      eager_draw(slow_log, dying, slow_incs, i % 3 + 1, slow);
     }
   }
   tp::RandomState newcomer(6);
   for (int i = 0; i < 40; ++i) {
-    logged(fast_log.view(), 2, newcomer.next(2, fast), fast);
-    fast_incs.push_back(2);
+    eager_draw(fast_log, newcomer, fast_incs, 2, fast);
   }
   // Only a warning: the ring is handed on as it is, and when its position is near a half of the
   // ring the newcomer rightly waits for an earlier draw's event, which may be one on `slow`.
@@ -588,8 +608,7 @@ BOOST_AUTO_TEST_CASE(a_graph_destroyed_under_its_running_replays_keeps_the_seque
   next.replay(stream);
   logged(log.view(), 3, rng.next(3, stream), stream);
   append(incs, {1, 3});
-  CHECK_SAME_DRAWS(log.read(), eager_run(3, incs));
-  BOOST_TEST(rng.offset() == sum(incs));
+  check_eager_sequence(log, 3, incs, rng);
 }
 
 // A graph replayed into another capture (a child-graph node) between two draws, then destroyed:
@@ -621,14 +640,12 @@ TP_GPU_TEST(an_outer_graph_keeps_drawing_through_a_child_graph_whose_graph_died)
   append(incs, {1, 2, 7, 3});
   stream.synchronize();
   inner.reset();  // the child graph's Graph dies
-  logged(log.view(), 4, rng.next(4, stream), stream);
-  append(incs, {4});
+  eager_draw(log, rng, incs, 4, stream);
   for (int r = 0; r < 2; ++r) {
     outer.replay(stream);
     append(incs, {1, 2, 7, 3});
   }
-  CHECK_SAME_DRAWS(log.read(), eager_run(11, incs));
-  BOOST_TEST(rng.offset() == sum(incs));
+  check_eager_sequence(log, 11, incs, rng);
 }
 
 // The capture stream is destroyed while a capture that drew (at the top level and in an open if
@@ -641,8 +658,7 @@ TP_GPU_TEST(destroying_the_capture_stream_mid_capture_abandons_it_and_leaves_the
   tp::DeviceTensor<bool> yes = flag(true, keep);
   tp::RandomState rng(21);
   std::vector<std::uint64_t> incs;
-  logged(log.view(), 4, rng.next(4, keep), keep);
-  incs.push_back(4);
+  eager_draw(log, rng, incs, 4, keep);
   keep.synchronize();
   const tp::StreamRef before = tp::current_stream();
   tp::Graph graph;
@@ -660,8 +676,7 @@ TP_GPU_TEST(destroying_the_capture_stream_mid_capture_abandons_it_and_leaves_the
   BOOST_TEST((tp::current_stream() == before));
   BOOST_TEST(no_capture_on_this_thread());
   BOOST_TEST(rng.offset() == 4u);  // the abandoned capture never ran
-  logged(log.view(), 1, rng.next(1, keep), keep);
-  incs.push_back(1);
+  eager_draw(log, rng, incs, 1, keep);
   graph.capture([&](tp::StreamRef s) {
     logged(log.view(), 2, rng.next(2, s), s);
     graph.if_(yes, [&](tp::StreamRef body) { logged(log.view(), 3, rng.next(3, body), body); });
@@ -671,8 +686,7 @@ TP_GPU_TEST(destroying_the_capture_stream_mid_capture_abandons_it_and_leaves_the
     graph.replay(keep);
     append(incs, {2, 3});
   }
-  CHECK_SAME_DRAWS(log.read(), eager_run(21, incs));
-  BOOST_TEST(rng.offset() == sum(incs));
+  check_eager_sequence(log, 21, incs, rng);
 }
 
 // GraphBuckets (own executables, and shared ones switched by cudaGraphExecUpdate) and a
@@ -755,10 +769,8 @@ TP_GPU_TEST(a_moved_from_state_throws_and_the_moved_to_state_continues_the_seque
   a = std::move(c);  // a moved-from state takes a sequence again
   BOOST_CHECK_THROW((void)c.offset(), tp::usage_error);
   // NOLINTEND(bugprone-use-after-move)
-  logged(log.view(), 1, a.next(1, stream), stream);
-  incs.push_back(1);
-  CHECK_SAME_DRAWS(log.read(), eager_run(64, incs));
-  BOOST_TEST(a.offset() == sum(incs));
+  eager_draw(log, a, incs, 1, stream);
+  check_eager_sequence(log, 64, incs, a);
   CHECK_SAME_DRAWS(other_log.read(), eager_run(999, {1}));
 }
 
@@ -796,8 +808,7 @@ TP_GPU_TEST(staged_calls_of_a_drawing_graph_draw_the_eager_sequence) {
     }
     append(incs, {1, 3, 2});
     tags.insert(tags.end(), {staged, staged, staged});
-    logged(log.view(), 4, rng.next(4, stream), stream);
-    incs.push_back(4);
+    eager_draw(log, rng, incs, 4, stream);
     tags.push_back(0);
   }
   const std::vector<Record> records = log.read();
@@ -812,8 +823,7 @@ TP_GPU_TEST(staged_calls_of_a_drawing_graph_draw_the_eager_sequence) {
 TP_GPU_TEST(updates_in_place_and_recompiled_keep_the_eager_sequence_and_the_offset) {
   tp::Stream stream;
   DeviceLog log(128);
-  tp::DeviceTensor<int> left(1, stream);
-  tp::DeviceTensor<bool> more(1, stream);
+  CountedLoop counter(stream);
   tp::DeviceTensor<float> scratch(32, stream);
   tp::RandomState rng(5);
   std::vector<std::uint64_t> incs;
@@ -824,8 +834,7 @@ TP_GPU_TEST(updates_in_place_and_recompiled_keep_the_eager_sequence_and_the_offs
   }, {.stream = stream});
   graph.replay(stream);
   append(incs, {2, 5});
-  logged(log.view(), 1, rng.next(1, stream), stream);
-  incs.push_back(1);
+  eager_draw(log, rng, incs, 1, stream);
   // The same nodes with other increments (and maybe another slot): CUDA patches it in place.
   const tp::UpdateResult in_place = graph.update([&](tp::StreamRef s) {
     logged(log.view(), 3, rng.next(3, s), s);
@@ -838,19 +847,14 @@ TP_GPU_TEST(updates_in_place_and_recompiled_keep_the_eager_sequence_and_the_offs
   }
   const tp::UpdateResult looped = graph.update([&](tp::StreamRef s) {
     logged(log.view(), 1, rng.next(1, s), s);
-    start_loop<<<1, 1, 0, s>>>(left.data(), more.data(), 2);
-    graph.while_(more, [&](tp::StreamRef body) {
-      logged(log.view(), 4, rng.next(4, body), body);
-      count_down<<<1, 1, 0, body>>>(left.data(), more.data());
-    });
+    counter.capture(graph, s, 2, [&](tp::StreamRef body) { logged(log.view(), 4, rng.next(4, body), body); });
     logged(log.view(), 2, rng.next(2, s), s);
   }, {.stream = stream});
   BOOST_TEST((looped.outcome == tp::UpdateOutcome::Reinstantiated));
   for (int r = 0; r < 2; ++r) {
     graph.replay(stream);
     append(incs, {1, 4, 4, 2});
-    logged(log.view(), 6, rng.next(6, stream), stream);
-    incs.push_back(6);
+    eager_draw(log, rng, incs, 6, stream);
   }
   stream.synchronize();
   BOOST_TEST(rng.offset() == sum(incs));
@@ -859,10 +863,8 @@ TP_GPU_TEST(updates_in_place_and_recompiled_keep_the_eager_sequence_and_the_offs
   graph.replay(stream);
   stream.synchronize();
   BOOST_TEST(rng.offset() == sum(incs));  // a graph that no longer draws takes no offsets
-  logged(log.view(), 1, rng.next(1, stream), stream);
-  incs.push_back(1);
-  CHECK_SAME_DRAWS(log.read(), eager_run(5, incs));
-  BOOST_TEST(rng.offset() == sum(incs));
+  eager_draw(log, rng, incs, 1, stream);
+  check_eager_sequence(log, 5, incs, rng);
 }
 
 // Two graphs share a pool and a state, replayed in capture order. Each allocates temporaries
@@ -899,12 +901,10 @@ TP_GPU_TEST(two_graphs_sharing_a_pool_and_a_state_draw_the_eager_sequence) {
     second.replay(stream);
     append(incs, {5, 1});
     if (r % 2 == 1) {
-      logged(log.view(), 7, rng.next(7, stream), stream);
-      incs.push_back(7);
+      eager_draw(log, rng, incs, 7, stream);
     }
   }
-  CHECK_SAME_DRAWS(log.read(), eager_run(99, incs));
-  BOOST_TEST(rng.offset() == sum(incs));
+  check_eager_sequence(log, 99, incs, rng);
 }
 
 // Conditionals draw only what runs: an if_ with a false predicate draws nothing, and the offset
@@ -915,8 +915,7 @@ TP_GPU_TEST(conditional_bodies_that_do_not_run_take_no_offsets) {
   DeviceLog log(256);
   tp::DeviceTensor<bool> outer(1, stream);
   tp::DeviceTensor<bool> inner(1, stream);
-  tp::DeviceTensor<int> left(1, stream);
-  tp::DeviceTensor<bool> more(1, stream);
+  CountedLoop counter(stream);
   tp::DeviceTensor<int> iterations(1, stream);
   tp::RandomState rng(17);
   logged(log.view(), 2, rng.next(2, stream), stream);
@@ -932,11 +931,7 @@ TP_GPU_TEST(conditional_bodies_that_do_not_run_take_no_offsets) {
     BOOST_TEST(rng.offset() == 2u);
     graph.if_(outer, [&](tp::StreamRef body) {
       logged(log.view(), 4, rng.next(4, body), body);
-      start_loop<<<1, 1, 0, body>>>(left.data(), more.data(), 2);
-      graph.while_(more, [&](tp::StreamRef loop) {
-        logged(log.view(), 3, rng.next(3, loop), loop);
-        count_down<<<1, 1, 0, loop>>>(left.data(), more.data());
-      });
+      counter.capture(graph, body, 2, [&](tp::StreamRef loop) { logged(log.view(), 3, rng.next(3, loop), loop); });
       graph.if_(inner, [&](tp::StreamRef deep) { logged(log.view(), 8, rng.next(8, deep), deep); });
       logged(log.view(), 5, rng.next(5, body), body);
     });
@@ -1005,18 +1000,13 @@ TP_GPU_TEST(set_seed_between_replays_restarts_the_sequence_in_stream_order) {
   tp::Stream stream;
   tp::StreamGuard guard(stream);  // set_seed uses the current stream
   DeviceLog log(64);
-  tp::DeviceTensor<int> left(1, stream);
-  tp::DeviceTensor<bool> more(1, stream);
+  CountedLoop counter(stream);
   tp::RandomState rng(1);
   tp::Graph graph;
   graph.capture([&](tp::StreamRef s) {
     tp_test::spin_kernel<<<1, 1, 0, s>>>(20'000'000);  // 20 ms
     logged(log.view(), 2, rng.next(2, s), s);
-    start_loop<<<1, 1, 0, s>>>(left.data(), more.data(), 2);
-    graph.while_(more, [&](tp::StreamRef body) {
-      logged(log.view(), 1, rng.next(1, body), body);
-      count_down<<<1, 1, 0, body>>>(left.data(), more.data());
-    });
+    counter.capture(graph, s, 2, [&](tp::StreamRef body) { logged(log.view(), 1, rng.next(1, body), body); });
   });
   graph.replay();
   rng.set_seed(9);  // the replay before has not run yet
@@ -1044,12 +1034,10 @@ void check_invalidated_capture(Depth depth, bool draw_after) {
   tp::Stream stream;
   DeviceLog log(64);
   tp::DeviceTensor<bool> yes = flag(true, stream);
-  tp::DeviceTensor<int> left(1, stream);
-  tp::DeviceTensor<bool> more(1, stream);
+  CountedLoop counter(stream);
   tp::RandomState rng(31);
   std::vector<std::uint64_t> incs;
-  logged(log.view(), 5, rng.next(5, stream), stream);
-  incs.push_back(5);
+  eager_draw(log, rng, incs, 5, stream);
   stream.synchronize();
   tp::Graph graph;
   auto breaking = [&](tp::StreamRef s) {
@@ -1071,11 +1059,7 @@ void check_invalidated_capture(Depth depth, bool draw_after) {
           break;
         case Depth::InWhileInIf:
           graph.if_(yes, [&](tp::StreamRef body) {
-            start_loop<<<1, 1, 0, body>>>(left.data(), more.data(), 2);
-            graph.while_(more, [&](tp::StreamRef loop) {
-              breaking(loop);
-              count_down<<<1, 1, 0, loop>>>(left.data(), more.data());
-            });
+            counter.capture(graph, body, 2, [&](tp::StreamRef loop) { breaking(loop); });
           });
           break;
       }
@@ -1099,10 +1083,8 @@ void check_invalidated_capture(Depth depth, bool draw_after) {
     graph.replay(stream);
     append(incs, {6, 7});
   }
-  logged(log.view(), 8, rng.next(8, stream), stream);
-  incs.push_back(8);
-  CHECK_SAME_DRAWS(log.read(), eager_run(31, incs));
-  BOOST_TEST(rng.offset() == sum(incs));
+  eager_draw(log, rng, incs, 8, stream);
+  check_eager_sequence(log, 31, incs, rng);
 }
 
 TP_GPU_TEST(a_capture_invalidated_at_the_top_level_after_a_draw_leaves_the_state_as_it_was) {

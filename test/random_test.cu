@@ -82,14 +82,34 @@ void copy(float* dst, const float* src, std::size_t count, cudaStream_t s) {
 
 std::vector<float> host(const tp::DeviceTensor<float>& t, cudaStream_t s) { return tp_test::host_copy(t.data(), t.size(), s); }
 
+//! Appends `count` numbers at `device` to `to`, copied once `s` reached them.
+void append_host(std::vector<float>& to, const float* device, std::size_t count, cudaStream_t s) {
+  const std::vector<float> v = tp_test::host_copy(device, count, s);
+  to.insert(to.end(), v.begin(), v.end());
+}
+
+//! Appends all of `t` to `to`.
+void append_host(std::vector<float>& to, const tp::DeviceTensor<float>& t, cudaStream_t s) { append_host(to, t.data(), t.size(), s); }
+
+//! The numbers draw(out, n, k, ...) gives for each k of `ks` in turn, drawn eagerly from a fresh
+//! RandomState(seed) (next() on the current stream, which must be `s`): n * k a launch, end to end.
+std::vector<float> eager_draws(std::uint64_t seed, const std::vector<std::size_t>& ks, float* out, std::size_t n, cudaStream_t s) {
+  tp::RandomState eager_rng(seed);
+  std::vector<float> eager;
+  for (const std::size_t k : ks) {
+    draw(out, n, static_cast<unsigned>(k), eager_rng.next(k), s);
+    append_host(eager, out, n * k, s);
+  }
+  return eager;
+}
+
 //! `out` on the host after each of `times` calls of `step(i)`, end to end.
 template <class Step>
 std::vector<float> after_each(int times, const tp::DeviceTensor<float>& out, cudaStream_t s, Step&& step) {
   std::vector<float> all;
   for (int i = 0; i < times; ++i) {
     step(i);
-    const std::vector<float> v = host(out, s);
-    all.insert(all.end(), v.begin(), v.end());
+    append_host(all, out, s);
   }
   return all;
 }
@@ -202,8 +222,7 @@ TP_GPU_TEST(two_graphs_sharing_a_state_replayed_interleaved_equal_the_eager_inte
   std::vector<float> eager;
   for (int which : order) {
     (which == 1 ? g1 : g2).replay(c.stream);
-    const std::vector<float> out = host(which == 1 ? a : b, c.stream);
-    replayed.insert(replayed.end(), out.begin(), out.end());
+    append_host(replayed, which == 1 ? a : b, c.stream);
   }
   tp::RandomState eager_rng(99);
   for (int which : order) {
@@ -213,8 +232,7 @@ TP_GPU_TEST(two_graphs_sharing_a_state_replayed_interleaved_equal_the_eager_inte
       draw(b.data(), n2, 3, eager_rng.next(3), c.stream);
       draw(b.data() + n2 * 3, n2, 5, eager_rng.next(5), c.stream);
     }
-    const std::vector<float> out = host(which == 1 ? a : b, c.stream);
-    eager.insert(eager.end(), out.begin(), out.end());
+    append_host(eager, which == 1 ? a : b, c.stream);
   }
   BOOST_TEST(same_bits(replayed, eager));
   BOOST_TEST(rng.offset() == eager_rng.offset());
@@ -231,8 +249,7 @@ TP_GPU_TEST(update_keeps_drawing_from_the_state_in_place_and_recompiled) {
   std::vector<float> replayed;
   auto run = [&](const tp::DeviceTensor<float>& out, std::size_t count) {
     graph.replay(c.stream);
-    const std::vector<float> v = tp_test::host_copy(out.data(), count, c.stream.get());
-    replayed.insert(replayed.end(), v.begin(), v.end());
+    append_host(replayed, out.data(), count, c.stream);
   };
   run(x, n);
   run(x, n);
@@ -249,20 +266,10 @@ TP_GPU_TEST(update_keeps_drawing_from_the_state_in_place_and_recompiled) {
   BOOST_TEST((again.outcome == tp::UpdateOutcome::Reinstantiated));
   for (int r = 0; r < 2; ++r) {
     graph.replay(c.stream);
-    const std::vector<float> v1 = tp_test::host_copy(x.data(), n, c.stream.get());
-    const std::vector<float> v2 = tp_test::host_copy(y.data(), n * 3, c.stream.get());
-    replayed.insert(replayed.end(), v1.begin(), v1.end());
-    replayed.insert(replayed.end(), v2.begin(), v2.end());
+    append_host(replayed, x.data(), n, c.stream);
+    append_host(replayed, y.data(), n * 3, c.stream);
   }
-  tp::RandomState eager_rng(5);
-  std::vector<float> eager;
-  auto eager_draw = [&](unsigned k) {
-    draw(x.data(), n, k, eager_rng.next(k), c.stream);
-    const std::vector<float> v = tp_test::host_copy(x.data(), n * k, c.stream.get());
-    eager.insert(eager.end(), v.begin(), v.end());
-  };
-  for (unsigned k : {1u, 1u, 2u, 2u, 1u, 3u, 1u, 3u}) eager_draw(k);
-  BOOST_TEST(same_bits(replayed, eager));
+  BOOST_TEST(same_bits(replayed, eager_draws(5, {1, 1, 2, 2, 1, 3, 1, 3}, x.data(), n, c.stream)));
 }
 
 TP_GPU_TEST(buckets_of_different_sizes_draw_from_one_state_in_run_order) {
@@ -279,17 +286,9 @@ TP_GPU_TEST(buckets_of_different_sizes_draw_from_one_state_in_run_order) {
   for (std::size_t batch : {3, 1, 8, 4, 2, 3, 1, 7}) {
     const std::size_t size = buckets.run(batch, c.stream);
     ran.push_back(size);
-    const std::vector<float> v = tp_test::host_copy(out.data(), n * size, c.stream.get());
-    replayed.insert(replayed.end(), v.begin(), v.end());
+    append_host(replayed, out.data(), n * size, c.stream);
   }
-  tp::RandomState eager_rng(123);
-  std::vector<float> eager;
-  for (std::size_t size : ran) {
-    draw(out.data(), n, static_cast<unsigned>(size), eager_rng.next(size), c.stream);
-    const std::vector<float> v = tp_test::host_copy(out.data(), n * size, c.stream.get());
-    eager.insert(eager.end(), v.begin(), v.end());
-  }
-  BOOST_TEST(same_bits(replayed, eager));
+  BOOST_TEST(same_bits(replayed, eager_draws(123, ran, out.data(), n, c.stream)));
 }
 
 TP_GPU_TEST(piecewise_segments_and_eager_steps_draw_in_replay_order) {
@@ -458,8 +457,7 @@ TP_GPU_TEST(threads_drawing_from_one_state_never_share_an_offset) {
   }
   for (std::thread& t : threads) t.join();
   std::vector<float> all = host(outs[0], streams[0]);
-  const std::vector<float> second = host(outs[1], streams[1]);
-  all.insert(all.end(), second.begin(), second.end());
+  append_host(all, outs[1], streams[1]);
   BOOST_TEST(rows_of(all, n).size() == static_cast<std::size_t>(2 * draws));
   BOOST_TEST(rng.offset() == static_cast<std::uint64_t>(2 * draws));
 }
@@ -519,8 +517,7 @@ TP_GPU_TEST(guide_example_draws_fresh_numbers_at_every_replay_and_iteration) {
   std::vector<float> replayed;
   for (int r = 0; r < 2; ++r) {
     graph.replay(stream);
-    const std::vector<float> v = host(x, stream);
-    replayed.insert(replayed.end(), v.begin(), v.end());
+    append_host(replayed, x, stream);
     restart(stream);
   }
   tp::RandomState eager_rng(2026);
@@ -528,8 +525,7 @@ TP_GPU_TEST(guide_example_draws_fresh_numbers_at_every_replay_and_iteration) {
   std::vector<float> eager;
   for (int r = 0; r < 2; ++r) {
     for (int d = 0; d < 4; ++d) dropout<<<blocks, 256, 0, stream>>>(x.data(), n, 0.1f, eager_rng.next(1));
-    const std::vector<float> v = host(x, stream);
-    eager.insert(eager.end(), v.begin(), v.end());
+    append_host(eager, x, stream);
     restart(stream);
   }
   BOOST_TEST(same_bits(replayed, eager));

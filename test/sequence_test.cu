@@ -50,6 +50,26 @@ bool all(const std::vector<int>& v, int value) {
   return true;
 }
 
+// Runs body(t, error) on `count` threads at once, each writing what went wrong into its own
+// `error` (an exception's message is appended to it), and checks, once all are joined, that
+// every error is empty. Boost.Test's assertions are used on this thread only.
+template <class F>
+void check_on_threads(int count, F body) {
+  std::vector<std::string> errors(static_cast<std::size_t>(count));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < count; ++t)
+    threads.emplace_back([&, t] {
+      std::string& error = errors[static_cast<std::size_t>(t)];
+      try {
+        body(t, error);
+      } catch (const std::exception& e) {
+        error += e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < count; ++t) BOOST_TEST(errors[static_cast<std::size_t>(t)] == "", "thread " << t);
+}
+
 // y = x + value through a temporary of the graph's pool (a body that allocates).
 auto through_temporary(tp::DeviceTensor<int>& x, tp::DeviceTensor<int>& y, int value) {
   return [&x, &y, value](tp::StreamRef s) {
@@ -173,19 +193,10 @@ TP_GPU_TEST(staging_after_an_in_place_update_copies_the_new_input_with_condition
 // Eight threads at once, each with its own graph (thread-local captures: a global one would be
 // invalidated by the other threads' allocations and copies, as CUDA means it to).
 TP_GPU_TEST(staging_after_in_place_updates_on_eight_threads) {
-  std::vector<std::string> errors(8);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 8; ++t)
-    threads.emplace_back([&, t] {
-      try {
-        tp::Stream stream;
-        errors[t] = stage_replay_update_stage(t % 2 == 1, stream, tp::CaptureErrorMode::ThreadLocal);
-      } catch (const std::exception& e) {
-        errors[t] = e.what();
-      }
-    });
-  for (auto& th : threads) th.join();
-  for (int t = 0; t < 8; ++t) BOOST_TEST(errors[t] == "", "thread " << t);
+  check_on_threads(8, [](int t, std::string& error) {
+    tp::Stream stream;
+    error = stage_replay_update_stage(t % 2 == 1, stream, tp::CaptureErrorMode::ThreadLocal);
+  });
 }
 
 // 4. A Graph without conditional nodes replayed inside a while_ body, then destroyed: the outer
@@ -423,30 +434,21 @@ TP_GPU_TEST(shared_bucket_executables_and_staging) {
 
 // threads x update x nested replay: each thread its own graphs, all at once.
 TP_GPU_TEST(threads_update_and_nested_replay) {
-  std::vector<std::string> errors(6);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 6; ++t)
-    threads.emplace_back([&, t] {
-      try {
-        tp::Stream stream;
-        tp::DeviceTensor<int> x(n, stream);
-        tp::DeviceTensor<int> y(n, stream);
-        tp::Graph inner(tp::GraphOptions{.capture_error_mode = tp::CaptureErrorMode::ThreadLocal});
-        inner.capture(plain(x, y, 1), {.stream = stream});
-        for (int round = 0; round < 10; ++round) {
-          inner.update(through_temporary(x, y, round), {.stream = stream});
-          tp::Graph outer(tp::GraphOptions{.capture_error_mode = tp::CaptureErrorMode::ThreadLocal});
-          outer.capture([&](tp::StreamRef s) { inner.replay(s); }, {.stream = stream});
-          tp_test::fill(x.data(), n, t, stream);
-          outer.replay(stream);
-          if (!all(host_in_thread(y, stream), t + round)) errors[t] += "round " + std::to_string(round) + " wrong; ";
-        }
-      } catch (const std::exception& e) {
-        errors[t] += e.what();
-      }
-    });
-  for (auto& th : threads) th.join();
-  for (int t = 0; t < 6; ++t) BOOST_TEST(errors[t] == "", "thread " << t);
+  check_on_threads(6, [](int t, std::string& error) {
+    tp::Stream stream;
+    tp::DeviceTensor<int> x(n, stream);
+    tp::DeviceTensor<int> y(n, stream);
+    tp::Graph inner(tp::GraphOptions{.capture_error_mode = tp::CaptureErrorMode::ThreadLocal});
+    inner.capture(plain(x, y, 1), {.stream = stream});
+    for (int round = 0; round < 10; ++round) {
+      inner.update(through_temporary(x, y, round), {.stream = stream});
+      tp::Graph outer(tp::GraphOptions{.capture_error_mode = tp::CaptureErrorMode::ThreadLocal});
+      outer.capture([&](tp::StreamRef s) { inner.replay(s); }, {.stream = stream});
+      tp_test::fill(x.data(), n, t, stream);
+      outer.replay(stream);
+      if (!all(host_in_thread(y, stream), t + round)) error += "round " + std::to_string(round) + " wrong; ";
+    }
+  });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
