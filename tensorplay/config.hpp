@@ -14,6 +14,26 @@
 #define TENSORPLAY_PROCESS_WIDE
 #endif
 
+//! How the library's non-template functions are compiled. By default tensorplay is header-only:
+//! every translation unit that includes it compiles them, as inline functions. With
+//! TENSORPLAY_SEPARATE_COMPILATION defined (for every translation unit of the program: Bazel's
+//! //:tensorplay_compiled and CMake's tensorplay::compiled define it), the headers declare them
+//! and tensorplay/src/library.cpp, which defines TENSORPLAY_DEFINE_LIBRARY, compiles them once:
+//! a translation unit then costs little more than the standard headers it needs
+//! (docs/performance.md, "Compile time"). Each header ends with its definitions, under
+//! TENSORPLAY_DEFINE_BODIES, each marked TENSORPLAY_DECL.
+#if defined(TENSORPLAY_SEPARATE_COMPILATION)
+#define TENSORPLAY_DECL
+#if defined(TENSORPLAY_DEFINE_LIBRARY)
+#define TENSORPLAY_DEFINE_BODIES 1
+#else
+#define TENSORPLAY_DEFINE_BODIES 0
+#endif
+#else
+#define TENSORPLAY_DECL inline
+#define TENSORPLAY_DEFINE_BODIES 1
+#endif
+
 namespace tensorplay::config {
 
 // ---- devices -------------------------------------------------------------------------------

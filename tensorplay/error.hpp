@@ -1,6 +1,7 @@
 // tensorplay/error.hpp: the two exception types and the one helper every CUDA call goes through.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
@@ -49,21 +50,8 @@ namespace detail {
 //! "<call> failed: <name> (<description>)<more> at <file>:<line>": the message of every
 //! tensorplay error that reports a failed call (cuda_error, and cublas_error and nccl_error in
 //! their own headers). `more` is extra text, empty or starting with "; ".
-inline std::string failed_call_text(std::string_view call, std::string_view name, std::string_view description,
-                                    std::string_view more, const tensorplay::source_location& where) {
-  std::string text(call);
-  text += " failed: ";
-  text += name;
-  text += " (";
-  text += description;
-  text += ")";
-  text += more;
-  text += " at ";
-  text += where.file_name();
-  text += ':';
-  text += std::to_string(where.line());
-  return text;
-}
+TENSORPLAY_DECL std::string failed_call_text(std::string_view call, std::string_view name, std::string_view description,
+                                    std::string_view more, const tensorplay::source_location& where);
 
 }  // namespace detail
 
@@ -74,8 +62,7 @@ inline std::string failed_call_text(std::string_view call, std::string_view name
 //! Example: `cudaGraphLaunch failed: cudaErrorInvalidValue (invalid argument) at main.cu:42`.
 class cuda_error : public std::runtime_error {
  public:
-  cuda_error(cudaError_t status, std::string_view call, tensorplay::source_location where)
-      : std::runtime_error(describe(status, call, "", where)), status_(status), where_(where) {}
+  cuda_error(cudaError_t status, std::string_view call, tensorplay::source_location where);
 
   //! The status the failing call returned.
   [[nodiscard]] cudaError_t status() const noexcept { return status_; }
@@ -84,16 +71,11 @@ class cuda_error : public std::runtime_error {
 
  protected:
   //! For errors that say more: `more` (empty or starting with "; ") goes before " at <file>:<line>".
-  cuda_error(cudaError_t status, std::string_view call, std::string_view more, tensorplay::source_location where)
-      : std::runtime_error(describe(status, call, more, where)), status_(status), where_(where) {}
+  cuda_error(cudaError_t status, std::string_view call, std::string_view more, tensorplay::source_location where);
 
  private:
   static std::string describe(cudaError_t status, std::string_view call, std::string_view more,
-                              tensorplay::source_location where) {
-    std::string all(means_no_device(status) ? "; no usable CUDA device (is a GPU present and its driver loaded?)" : "");
-    all += more;
-    return detail::failed_call_text(call, cudaGetErrorName(status), cudaGetErrorString(status), all, where);
-  }
+                              tensorplay::source_location where);
 
   // Statuses with which the runtime says, in its own words, that there is no GPU to run on.
   static constexpr bool means_no_device(cudaError_t status) noexcept {
@@ -129,8 +111,7 @@ class capture_error : public cuda_error {
     std::string context;             // where the capture and its innermost body began, other captures
   };
 
-  capture_error(cudaError_t status, std::string_view call, tensorplay::source_location where, Facts facts)
-      : cuda_error(status, call, describe(facts), where), facts_(std::move(facts)) {}
+  capture_error(cudaError_t status, std::string_view call, tensorplay::source_location where, Facts facts);
 
   //! The API call that broke the capture, e.g. "cudaStreamSynchronize"; empty when unknown.
   [[nodiscard]] const std::string& culprit() const noexcept { return facts_.culprit; }
@@ -140,18 +121,7 @@ class capture_error : public cuda_error {
   [[nodiscard]] const std::string& driver_message() const noexcept { return facts_.driver_message; }
 
  private:
-  static std::string describe(const Facts& facts) {
-    std::string more;
-    if (!facts.culprit.empty()) {
-      more += "; broken by " + facts.culprit;
-      more += facts.from_other_thread ? " on another thread" : " on the capturing thread";
-    } else {
-      more += "; the call that broke it is not known";
-    }
-    if (!facts.driver_message.empty()) more += "; driver: \"" + facts.driver_message + "\"";
-    if (!facts.context.empty()) more += "; " + facts.context;
-    return more;
-  }
+  static std::string describe(const Facts& facts);
 
   Facts facts_;
 };
@@ -168,8 +138,7 @@ class usage_error : public std::logic_error {
 //! instantiation result and the type of the node it refused; result() gives the result.
 class instantiate_error : public cuda_error {
  public:
-  instantiate_error(cudaError_t status, std::string_view call, cudaGraphInstantiateResult result, tensorplay::source_location where)
-      : cuda_error(status, call, where), result_(result) {}
+  instantiate_error(cudaError_t status, std::string_view call, cudaGraphInstantiateResult result, tensorplay::source_location where);
   [[nodiscard]] cudaGraphInstantiateResult result() const noexcept { return result_; }
 
  private:
@@ -188,14 +157,9 @@ namespace detail {
 
 //! Throws `cuda_error` when `status` is not cudaSuccess. Clears the runtime's last-error
 //! state first, so the failure does not resurface from an unrelated later call.
-inline void check(cudaError_t status, const char* call, const tensorplay::source_location& where) {
-  if (status != cudaSuccess) [[unlikely]] {
-    (void)cudaGetLastError();
-    throw cuda_error(status, call, where);
-  }
-}
+TENSORPLAY_DECL void check(cudaError_t status, const char* call, const tensorplay::source_location& where);
 
-[[noreturn]] inline void throw_usage(std::string message) { throw usage_error("tensorplay: " + message); }
+[[noreturn]] TENSORPLAY_DECL void throw_usage(std::string message);
 
 }  // namespace detail
 }  // namespace tensorplay
@@ -203,3 +167,71 @@ inline void check(cudaError_t status, const char* call, const tensorplay::source
 //! Runs a CUDA runtime call and throws `cuda_error` naming it and `where` when it fails.
 //! `where` is the tensorplay::source_location of the user's call into tensorplay.
 #define TENSORPLAY_CHECK(call, where) ::tensorplay::detail::check((call), #call, (where))
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL std::string failed_call_text(std::string_view call, std::string_view name, std::string_view description,
+    std::string_view more, const tensorplay::source_location& where) {
+  std::string text(call);
+  text += " failed: ";
+  text += name;
+  text += " (";
+  text += description;
+  text += ")";
+  text += more;
+  text += " at ";
+  text += where.file_name();
+  text += ':';
+  text += std::to_string(where.line());
+  return text;
+}
+}  // namespace tensorplay::detail
+
+namespace tensorplay {
+
+TENSORPLAY_DECL cuda_error::cuda_error(cudaError_t status, std::string_view call, tensorplay::source_location where) : std::runtime_error(describe(status, call, "", where)), status_(status), where_(where) {}
+
+TENSORPLAY_DECL cuda_error::cuda_error(cudaError_t status, std::string_view call, std::string_view more, tensorplay::source_location where) : std::runtime_error(describe(status, call, more, where)), status_(status), where_(where) {}
+
+TENSORPLAY_DECL std::string cuda_error::describe(cudaError_t status, std::string_view call, std::string_view more,
+    tensorplay::source_location where) {
+  std::string all(means_no_device(status) ? "; no usable CUDA device (is a GPU present and its driver loaded?)" : "");
+  all += more;
+  return detail::failed_call_text(call, cudaGetErrorName(status), cudaGetErrorString(status), all, where);
+}
+
+TENSORPLAY_DECL capture_error::capture_error(cudaError_t status, std::string_view call, tensorplay::source_location where, Facts facts) : cuda_error(status, call, describe(facts), where), facts_(std::move(facts)) {}
+
+TENSORPLAY_DECL std::string capture_error::describe(const Facts& facts) {
+  std::string more;
+  if (!facts.culprit.empty()) {
+    more += "; broken by " + facts.culprit;
+    more += facts.from_other_thread ? " on another thread" : " on the capturing thread";
+  } else {
+    more += "; the call that broke it is not known";
+  }
+  if (!facts.driver_message.empty()) more += "; driver: \"" + facts.driver_message + "\"";
+  if (!facts.context.empty()) more += "; " + facts.context;
+  return more;
+}
+
+TENSORPLAY_DECL instantiate_error::instantiate_error(cudaError_t status, std::string_view call, cudaGraphInstantiateResult result, tensorplay::source_location where) : cuda_error(status, call, where), result_(result) {}
+}  // namespace tensorplay
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL void check(cudaError_t status, const char* call, const tensorplay::source_location& where) {
+  if (status != cudaSuccess) [[unlikely]] {
+    (void)cudaGetLastError();
+    throw cuda_error(status, call, where);
+  }
+}
+
+TENSORPLAY_DECL void throw_usage(std::string message) { throw usage_error("tensorplay: " + message); }
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -2,6 +2,7 @@
 // (PoolAllocator, which needs Thrust, is in <tensorplay/thrust.hpp>.)
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/caching_allocator.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/pool_directory.hpp>
@@ -68,44 +69,29 @@ class Pool {
   Pool() noexcept = default;
 
   //! The live pool named by `id`; throws usage_error if there is none (never was, or died).
-  explicit Pool(PoolId id, tensorplay::source_location where = tensorplay::source_location::current()) {
-    (void)where;
-    if (id) impl_ = detail::PoolDirectory::instance().find(id.serial());
-    if (!impl_) {
-      std::string text = "Pool(PoolId): no live pool has the id ";
-      text += id ? std::to_string(id.serial()) : std::string("none");
-      text += " (ids come from Pool::id() or Graph::pool_id(), and a pool dies with its last user)";
-      detail::throw_usage(std::move(text));
-    }
-  }
+  explicit Pool(PoolId id, tensorplay::source_location where = tensorplay::source_location::current());
 
   [[nodiscard]] bool empty() const noexcept { return impl_ == nullptr; }
   explicit operator bool() const noexcept { return impl_ != nullptr; }
 
-  [[nodiscard]] PoolId id() const noexcept { return impl_ ? PoolId(impl_->device(), impl_->serial()) : PoolId(); }
+  [[nodiscard]] PoolId id() const noexcept;
   //! The device of the pool's memory; -1 for an empty handle.
-  [[nodiscard]] int device() const noexcept { return impl_ ? impl_->device() : -1; }
+  [[nodiscard]] int device() const noexcept;
   //! Bytes obtained from cudaMalloc and not yet given back.
-  [[nodiscard]] std::size_t reserved_bytes() const { return impl_ ? impl_->reserved_bytes() : 0; }
+  [[nodiscard]] std::size_t reserved_bytes() const;
   //! Bytes handed to live allocations (rounded to the pool's 512-byte granularity).
-  [[nodiscard]] std::size_t allocated_bytes() const { return impl_ ? impl_->allocated_bytes() : 0; }
+  [[nodiscard]] std::size_t allocated_bytes() const;
   //! The pool's ledger, exact and read at once: what it reserved from CUDA, what live
   //! allocations hold, the most they held, and in how many device allocations. All zero for an
   //! empty handle. Takes the pool's lock: for planning and diagnostics, not for a replay loop.
   //!
   //!     tensorplay::PoolStats s = graph.pool().stats();
   //!     std::printf("%zu MiB reserved, peak %zu MiB used\n", s.reserved_bytes >> 20, s.peak_allocated_bytes >> 20);
-  [[nodiscard]] PoolStats stats() const {
-    if (!impl_) return {};
-    const detail::PoolCounters c = impl_->counters();
-    return {c.reserved_bytes, c.allocated_bytes, c.peak_allocated_bytes, c.segments};
-  }
+  [[nodiscard]] PoolStats stats() const;
   //! Starts peak_allocated_bytes again from the bytes allocated now (to find one step's peak).
-  void reset_peak() noexcept {
-    if (impl_) impl_->reset_peak();
-  }
+  void reset_peak() noexcept;
   //! Number of handles, graphs and tensors that keep this pool alive (diagnostics).
-  [[nodiscard]] long use_count() const noexcept { return impl_.use_count(); }
+  [[nodiscard]] long use_count() const noexcept;
 
   // ---- sleep and wake (pools made with PoolOptions{.offloadable = true}) -------------------
 
@@ -121,9 +107,7 @@ class Pool {
   //! \throws usage_error for an empty handle, a pool that is not offloadable or is offloaded
   //!         already, and while any capture is open. cuda_error when CUDA fails: its text says
   //!         whether the pool stayed on the device or is offloaded, every byte intact either way.
-  void offload(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) {
-    require_impl("Pool::offload").offload(stream.get(), where);
-  }
+  void offload(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current());
 
   //! Backs the pool's reserved addresses with device memory again and copies every block back,
   //! in order on `stream`; returns once the copies are complete. Graphs of the pool replay
@@ -131,14 +115,12 @@ class Pool {
   //! \throws usage_error for an empty handle, a pool that is not offloaded, and while any capture
   //!         is open. cuda_error when CUDA fails: the pool stays offloaded, and restore may be
   //!         called again.
-  void restore(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) {
-    require_impl("Pool::restore").restore(stream.get(), where);
-  }
+  void restore(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current());
 
   //! Whether the pool's blocks live in host memory now (offload succeeded, restore not yet).
   //! While it is, replaying, staging into or capturing into a graph of the pool, and allocating
   //! from it, throw usage_error.
-  [[nodiscard]] bool offloaded() const noexcept { return impl_ && impl_->offloaded(); }
+  [[nodiscard]] bool offloaded() const noexcept;
 
   friend bool operator==(const Pool& a, const Pool& b) noexcept { return a.impl_ == b.impl_; }
   template <class OStream>
@@ -149,26 +131,17 @@ class Pool {
 
   //! Gives CUDA back the memory of the default pools that no tensor uses (like PyTorch's
   //! empty_cache). Graph pools keep theirs: graphs may still use it. Returns the bytes released.
-  static std::size_t release_unused_default_memory() noexcept {
-    return detail::PoolDirectory::instance().release_unused_default_memory();
-  }
+  static std::size_t release_unused_default_memory() noexcept;
 
   //! The default pool of `device`, which serves allocations made outside any capture.
-  static Pool default_for(int device) {
-    Pool pool;
-    pool.impl_ = detail::PoolDirectory::instance().default_pool(device);
-    return pool;
-  }
+  static Pool default_for(int device);
 
   // Internal: tensorplay's own types reach the implementation through this.
   [[nodiscard]] const std::shared_ptr<detail::PoolImpl>& impl() const noexcept { return impl_; }
   explicit Pool(std::shared_ptr<detail::PoolImpl> impl) noexcept : impl_(std::move(impl)) {}
 
  private:
-  detail::PoolImpl& require_impl(const char* what) const {
-    if (!impl_) detail::throw_usage(std::string(what) + ": the Pool handle is empty");
-    return *impl_;
-  }
+  detail::PoolImpl& require_impl(const char* what) const;
 
   std::shared_ptr<detail::PoolImpl> impl_;
 };
@@ -182,9 +155,7 @@ struct PoolOptions {
 
 //! A new private pool on the current device, not yet used by any graph. Pass it to several
 //! graphs (GraphOptions::pool or CaptureOptions::pool) to let them share memory.
-[[nodiscard]] inline Pool graph_pool_handle(tensorplay::source_location where = tensorplay::source_location::current()) {
-  return Pool(detail::PoolDirectory::instance().make_graph_pool(detail::current_device(where)));
-}
+[[nodiscard]] TENSORPLAY_DECL Pool graph_pool_handle(tensorplay::source_location where = tensorplay::source_location::current());
 
 //! graph_pool_handle() with options: `{.offloadable = true}` makes a pool whose device memory
 //! can be released and restored at the same addresses (Pool::offload, Pool::restore).
@@ -192,10 +163,8 @@ struct PoolOptions {
 //!     tensorplay::Pool pool = tensorplay::graph_pool_handle({.offloadable = true});
 //!     tensorplay::Graph graph({.pool = pool});
 //! \throws cuda_error when the device offers no virtual memory management.
-[[nodiscard]] inline Pool graph_pool_handle(PoolOptions options,
-                                            tensorplay::source_location where = tensorplay::source_location::current()) {
-  return Pool(detail::PoolDirectory::instance().make_graph_pool(detail::current_device(where), options.offloadable, where));
-}
+[[nodiscard]] TENSORPLAY_DECL Pool graph_pool_handle(PoolOptions options,
+                                            tensorplay::source_location where = tensorplay::source_location::current());
 
 }  // namespace tensorplay
 
@@ -208,3 +177,77 @@ struct std::hash<tensorplay::PoolId> {
   }
 };
 //! \endcond
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay {
+
+TENSORPLAY_DECL Pool::Pool(PoolId id, tensorplay::source_location where) {
+  (void)where;
+  if (id) impl_ = detail::PoolDirectory::instance().find(id.serial());
+  if (!impl_) {
+    std::string text = "Pool(PoolId): no live pool has the id ";
+    text += id ? std::to_string(id.serial()) : std::string("none");
+    text += " (ids come from Pool::id() or Graph::pool_id(), and a pool dies with its last user)";
+    detail::throw_usage(std::move(text));
+  }
+}
+
+TENSORPLAY_DECL PoolId Pool::id() const noexcept { return impl_ ? PoolId(impl_->device(), impl_->serial()) : PoolId(); }
+
+TENSORPLAY_DECL int Pool::device() const noexcept { return impl_ ? impl_->device() : -1; }
+
+TENSORPLAY_DECL std::size_t Pool::reserved_bytes() const { return impl_ ? impl_->reserved_bytes() : 0; }
+
+TENSORPLAY_DECL std::size_t Pool::allocated_bytes() const { return impl_ ? impl_->allocated_bytes() : 0; }
+
+TENSORPLAY_DECL PoolStats Pool::stats() const {
+  if (!impl_) return {};
+  const detail::PoolCounters c = impl_->counters();
+  return {c.reserved_bytes, c.allocated_bytes, c.peak_allocated_bytes, c.segments};
+}
+
+TENSORPLAY_DECL void Pool::reset_peak() noexcept {
+  if (impl_) impl_->reset_peak();
+}
+
+TENSORPLAY_DECL long Pool::use_count() const noexcept { return impl_.use_count(); }
+
+TENSORPLAY_DECL void Pool::offload(StreamRef stream, tensorplay::source_location where) {
+  require_impl("Pool::offload").offload(stream.get(), where);
+}
+
+TENSORPLAY_DECL void Pool::restore(StreamRef stream, tensorplay::source_location where) {
+  require_impl("Pool::restore").restore(stream.get(), where);
+}
+
+TENSORPLAY_DECL bool Pool::offloaded() const noexcept { return impl_ && impl_->offloaded(); }
+
+TENSORPLAY_DECL std::size_t Pool::release_unused_default_memory() noexcept {
+  return detail::PoolDirectory::instance().release_unused_default_memory();
+}
+
+TENSORPLAY_DECL Pool Pool::default_for(int device) {
+  Pool pool;
+  pool.impl_ = detail::PoolDirectory::instance().default_pool(device);
+  return pool;
+}
+
+TENSORPLAY_DECL detail::PoolImpl& Pool::require_impl(const char* what) const {
+  if (!impl_) detail::throw_usage(std::string(what) + ": the Pool handle is empty");
+  return *impl_;
+}
+
+TENSORPLAY_DECL Pool graph_pool_handle(tensorplay::source_location where) {
+  return Pool(detail::PoolDirectory::instance().make_graph_pool(detail::current_device(where)));
+}
+
+TENSORPLAY_DECL Pool graph_pool_handle(PoolOptions options,
+    tensorplay::source_location where) {
+  return Pool(detail::PoolDirectory::instance().make_graph_pool(detail::current_device(where), options.offloadable, where));
+}
+
+}  // namespace tensorplay
+#endif  // TENSORPLAY_DEFINE_BODIES

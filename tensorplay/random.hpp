@@ -9,6 +9,7 @@
 // Compiles with any C++20 compiler: only the kernel that calls unpack (random.cuh) needs nvcc.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/kernels/kernel_abi.hpp>
 #include <tensorplay/detail/random_state.hpp>
 #include <tensorplay/error.hpp>
@@ -64,8 +65,7 @@ class RandomState {
  public:
   //! A sequence at offset 0 of `seed`, on the current device.
   //! \throws cuda_error without a usable GPU.
-  explicit RandomState(std::uint64_t seed, tensorplay::source_location where = tensorplay::source_location::current())
-      : impl_(std::make_unique<detail::RandomStateImpl>(seed, where)) {}
+  explicit RandomState(std::uint64_t seed, tensorplay::source_location where = tensorplay::source_location::current());
 
   RandomState(RandomState&&) noexcept = default;
   RandomState& operator=(RandomState&&) noexcept = default;
@@ -78,59 +78,88 @@ class RandomState {
   //! state's device (in a capture: the capture stream, or the open conditional body's).
   //! \throws usage_error on a moved-from state; cuda_error when CUDA refuses, or when the
   //!         stream's capture was invalidated.
-  PhiloxArgs next(std::uint64_t increment, tensorplay::source_location where = tensorplay::source_location::current()) {
-    detail::RandomStateImpl& impl = get("next");
-    return next_on(impl, increment, current_stream(impl.device()), where);
-  }
+  PhiloxArgs next(std::uint64_t increment, tensorplay::source_location where = tensorplay::source_location::current());
 
   //! next(increment) for a launch on `stream` (which must belong to the state's device): for a
   //! stream that is not current, or a capture tensorplay did not begin.
   PhiloxArgs next(std::uint64_t increment, StreamRef stream,
-                  tensorplay::source_location where = tensorplay::source_location::current()) {
-    detail::RandomStateImpl& impl = get("next");
-    if (const int device = stream.device(where); device != impl.device())
-      detail::throw_usage("RandomState::next: the stream belongs to device " + std::to_string(device) +
-                          ", the state to device " + std::to_string(impl.device()));
-    return next_on(impl, increment, stream, where);
-  }
+                  tensorplay::source_location where = tensorplay::source_location::current());
 
   //! The seed of the sequence (the last one given).
-  [[nodiscard]] std::uint64_t seed() const { return get("seed").seed(); }
+  [[nodiscard]] std::uint64_t seed() const;
 
   //! Starts the sequence of `seed` at offset 0, in order on this thread's current stream of the
   //! state's device: eager work and replays issued after it there draw from the new sequence,
   //! graphs captured before included (they read the seed and the offset when they run).
   //! \throws usage_error while that stream is being captured.
-  void set_seed(std::uint64_t seed, tensorplay::source_location where = tensorplay::source_location::current()) {
-    detail::RandomStateImpl& impl = get("set_seed");
-    impl.set_seed(seed, current_stream(impl.device()), where);
-  }
+  void set_seed(std::uint64_t seed, tensorplay::source_location where = tensorplay::source_location::current());
 
   //! The offsets used so far: by eager launches and by replays (each run of a captured draw,
   //! each iteration of a body, counts). It waits for the eager draws and reseeds issued so far,
   //! not for replays: it is exact once the replays that draw from this state have completed
   //! (synchronise their streams first); a replay still running may or may not be counted.
-  [[nodiscard]] std::uint64_t offset(tensorplay::source_location where = tensorplay::source_location::current()) const {
-    return get("offset").offset(where);
-  }
+  [[nodiscard]] std::uint64_t offset(tensorplay::source_location where = tensorplay::source_location::current()) const;
 
   //! The device the sequence lives on.
-  [[nodiscard]] int device() const { return get("device").device(); }
+  [[nodiscard]] int device() const;
 
  private:
   static PhiloxArgs next_on(detail::RandomStateImpl& impl, std::uint64_t increment, cudaStream_t stream,
-                            const tensorplay::source_location& where) {
-    const detail::Draw d = impl.next(increment, stream, where);
-    return PhiloxArgs{d.slot, d.intra};
-  }
+                            const tensorplay::source_location& where);
 
-  [[nodiscard]] detail::RandomStateImpl& get(const char* what) const {
-    if (!impl_) [[unlikely]]
-      detail::throw_usage(std::string("RandomState::") + what + ": this RandomState was moved from");
-    return *impl_;
-  }
+  [[nodiscard]] detail::RandomStateImpl& get(const char* what) const;
 
   std::unique_ptr<detail::RandomStateImpl> impl_;
 };
 
 }  // namespace tensorplay
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay {
+
+TENSORPLAY_DECL RandomState::RandomState(std::uint64_t seed, tensorplay::source_location where) : impl_(std::make_unique<detail::RandomStateImpl>(seed, where)) {}
+
+TENSORPLAY_DECL PhiloxArgs RandomState::next(std::uint64_t increment, tensorplay::source_location where) {
+  detail::RandomStateImpl& impl = get("next");
+  return next_on(impl, increment, current_stream(impl.device()), where);
+}
+
+TENSORPLAY_DECL PhiloxArgs RandomState::next(std::uint64_t increment, StreamRef stream,
+    tensorplay::source_location where) {
+  detail::RandomStateImpl& impl = get("next");
+  if (const int device = stream.device(where); device != impl.device())
+    detail::throw_usage("RandomState::next: the stream belongs to device " + std::to_string(device) +
+                        ", the state to device " + std::to_string(impl.device()));
+  return next_on(impl, increment, stream, where);
+}
+
+TENSORPLAY_DECL std::uint64_t RandomState::seed() const { return get("seed").seed(); }
+
+TENSORPLAY_DECL void RandomState::set_seed(std::uint64_t seed, tensorplay::source_location where) {
+  detail::RandomStateImpl& impl = get("set_seed");
+  impl.set_seed(seed, current_stream(impl.device()), where);
+}
+
+TENSORPLAY_DECL std::uint64_t RandomState::offset(tensorplay::source_location where) const {
+  return get("offset").offset(where);
+}
+
+TENSORPLAY_DECL int RandomState::device() const { return get("device").device(); }
+
+TENSORPLAY_DECL PhiloxArgs RandomState::next_on(detail::RandomStateImpl& impl, std::uint64_t increment, cudaStream_t stream,
+    const tensorplay::source_location& where) {
+  const detail::Draw d = impl.next(increment, stream, where);
+  return PhiloxArgs{d.slot, d.intra};
+}
+
+TENSORPLAY_DECL detail::RandomStateImpl& RandomState::get(const char* what) const {
+  if (!impl_) [[unlikely]]
+    detail::throw_usage(std::string("RandomState::") + what + ": this RandomState was moved from");
+  return *impl_;
+}
+
+}  // namespace tensorplay
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -14,6 +14,7 @@
 //     };
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
@@ -263,16 +264,10 @@ struct PointerInfo {
   cudaMemoryType type = cudaMemoryTypeUnregistered;  // Unregistered: pageable host memory (or not CUDA's)
   int device = -1;
 
-  [[nodiscard]] bool device_accessible() const noexcept {
-    return type == cudaMemoryTypeDevice || type == cudaMemoryTypeManaged;
-  }
+  [[nodiscard]] bool device_accessible() const noexcept;
 };
 
-inline PointerInfo pointer_info(const void* ptr, const tensorplay::source_location& where) {
-  cudaPointerAttributes attributes{};
-  TENSORPLAY_CHECK(cudaPointerGetAttributes(&attributes, ptr), where);
-  return {attributes.type, attributes.device};
-}
+TENSORPLAY_DECL PointerInfo pointer_info(const void* ptr, const tensorplay::source_location& where);
 
 //! The run-time element type of a tensor: its static one, or a TensorView's dtype.
 template <Tensor T>
@@ -297,3 +292,22 @@ template <Tensor T>
 
 }  // namespace detail
 }  // namespace tensorplay
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL bool PointerInfo::device_accessible() const noexcept {
+  return type == cudaMemoryTypeDevice || type == cudaMemoryTypeManaged;
+}
+
+TENSORPLAY_DECL PointerInfo pointer_info(const void* ptr, const tensorplay::source_location& where) {
+  cudaPointerAttributes attributes{};
+  TENSORPLAY_CHECK(cudaPointerGetAttributes(&attributes, ptr), where);
+  return {attributes.type, attributes.device};
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

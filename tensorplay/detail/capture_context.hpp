@@ -2,6 +2,7 @@
 // allocation goes (the pool of the capture its stream belongs to, or the device's default pool).
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/caching_allocator.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
@@ -27,56 +28,25 @@ class CaptureContext {
   //! A capture on `stream` starts: `pool` is the graph's pool, or null for "make one when
   //! needed"; `seq` is the capture's sequence id, or 0 when CUDA has not been asked yet.
   //! Called before the context is registered: no other thread can reach it yet.
-  void open(int device, cudaStream_t stream, CaptureSeq seq, std::shared_ptr<PoolImpl> pool) noexcept {
-    device_ = device;
-    stream_ = stream;
-    seq_ = seq;
-    bodies_.clear();
-    pool_ = std::move(pool);
-  }
+  void open(int device, cudaStream_t stream, CaptureSeq seq, std::shared_ptr<PoolImpl> pool) noexcept;
 
   //! The stream the capture began on (its bodies are captures of their own, on other streams).
   [[nodiscard]] cudaStream_t origin() const noexcept { return stream_; }
 
   //! The capture's pool, made now if it has none yet.
-  std::shared_ptr<PoolImpl> pool() {
-    std::lock_guard lock(mutex_);
-    if (!pool_) {
-      auto pool = PoolDirectory::instance().make_graph_pool(device_);
-      (void)pool->try_begin_capture(sequence());  // a fresh pool: nobody else captures into it
-      for (CaptureSeq body : bodies_) pool->add_body_sequence(body);
-      pool_ = std::move(pool);
-    }
-    return pool_;
-  }
+  std::shared_ptr<PoolImpl> pool();
 
-  void body_opened(CaptureSeq seq) {
-    std::lock_guard lock(mutex_);
-    bodies_.push_back(seq);
-    if (pool_) pool_->add_body_sequence(seq);
-  }
+  void body_opened(CaptureSeq seq);
 
   //! A body closed; `parent_seq` 0 means the capture itself is its parent.
-  void body_closed(CaptureSeq body_seq, cudaStream_t body_stream, CaptureSeq parent_seq, cudaStream_t parent_stream) noexcept {
-    std::lock_guard lock(mutex_);
-    std::erase(bodies_, body_seq);
-    if (pool_) pool_->end_body_sequence(body_seq, body_stream, parent_seq != 0 ? parent_seq : sequence(), parent_stream);
-  }
+  void body_closed(CaptureSeq body_seq, cudaStream_t body_stream, CaptureSeq parent_seq, cudaStream_t parent_stream) noexcept;
 
   //! The capture ended: the pool (null if none was made) settles what the capture freed.
-  std::shared_ptr<PoolImpl> close() noexcept {
-    std::lock_guard lock(mutex_);
-    if (pool_) pool_->end_capture();
-    bodies_.clear();
-    return std::move(pool_);
-  }
+  std::shared_ptr<PoolImpl> close() noexcept;
 
  private:
   // The capture's sequence id, asked of CUDA the first time it is needed. Mutex held.
-  CaptureSeq sequence() noexcept {
-    if (seq_ == 0) seq_ = capture_seq_or_zero(stream_);
-    return seq_;
-  }
+  CaptureSeq sequence() noexcept;
 
   std::mutex mutex_;
   int device_ = -1;
@@ -122,30 +92,17 @@ class PoolBlock {
     pool_ = std::move(route.pool);
   }
   //! For use on this thread's current stream of the current device.
-  static PoolBlock on_current_stream(std::size_t bytes, const tensorplay::source_location& where) {
-    const int device = current_device(where);
-    return PoolBlock(bytes, thread_streams().current[static_cast<std::size_t>(device)], [device] { return device; }, where);
-  }
+  static PoolBlock on_current_stream(std::size_t bytes, const tensorplay::source_location& where);
 
-  PoolBlock(PoolBlock&& other) noexcept
-      : pool_(std::move(other.pool_)), block_(std::exchange(other.block_, nullptr)) {}
-  PoolBlock& operator=(PoolBlock&& other) noexcept {
-    PoolBlock moved(std::move(other));
-    std::swap(pool_, moved.pool_);
-    std::swap(block_, moved.block_);
-    return *this;
-  }
+  PoolBlock(PoolBlock&& other) noexcept;
+  PoolBlock& operator=(PoolBlock&& other) noexcept;
   PoolBlock(const PoolBlock&) = delete;
   PoolBlock& operator=(const PoolBlock&) = delete;
-  ~PoolBlock() {
-    if (block_ != nullptr) pool_->free(block_);
-  }
+  ~PoolBlock();
 
-  [[nodiscard]] void* ptr() const noexcept { return block_ == nullptr ? nullptr : block_->ptr; }
+  [[nodiscard]] void* ptr() const noexcept;
   [[nodiscard]] const std::shared_ptr<PoolImpl>& pool() const noexcept { return pool_; }
-  void record_use(cudaStream_t stream) const {
-    if (block_ != nullptr) pool_->record_use(block_, stream);
-  }
+  void record_use(cudaStream_t stream) const;
 
  private:
   std::shared_ptr<PoolImpl> pool_;
@@ -153,3 +110,79 @@ class PoolBlock {
 };
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL void CaptureContext::open(int device, cudaStream_t stream, CaptureSeq seq, std::shared_ptr<PoolImpl> pool) noexcept {
+  device_ = device;
+  stream_ = stream;
+  seq_ = seq;
+  bodies_.clear();
+  pool_ = std::move(pool);
+}
+
+TENSORPLAY_DECL std::shared_ptr<PoolImpl> CaptureContext::pool() {
+  std::lock_guard lock(mutex_);
+  if (!pool_) {
+    auto pool = PoolDirectory::instance().make_graph_pool(device_);
+    (void)pool->try_begin_capture(sequence());  // a fresh pool: nobody else captures into it
+    for (CaptureSeq body : bodies_) pool->add_body_sequence(body);
+    pool_ = std::move(pool);
+  }
+  return pool_;
+}
+
+TENSORPLAY_DECL void CaptureContext::body_opened(CaptureSeq seq) {
+  std::lock_guard lock(mutex_);
+  bodies_.push_back(seq);
+  if (pool_) pool_->add_body_sequence(seq);
+}
+
+TENSORPLAY_DECL void CaptureContext::body_closed(CaptureSeq body_seq, cudaStream_t body_stream, CaptureSeq parent_seq, cudaStream_t parent_stream) noexcept {
+  std::lock_guard lock(mutex_);
+  std::erase(bodies_, body_seq);
+  if (pool_) pool_->end_body_sequence(body_seq, body_stream, parent_seq != 0 ? parent_seq : sequence(), parent_stream);
+}
+
+TENSORPLAY_DECL std::shared_ptr<PoolImpl> CaptureContext::close() noexcept {
+  std::lock_guard lock(mutex_);
+  if (pool_) pool_->end_capture();
+  bodies_.clear();
+  return std::move(pool_);
+}
+
+TENSORPLAY_DECL CaptureSeq CaptureContext::sequence() noexcept {
+  if (seq_ == 0) seq_ = capture_seq_or_zero(stream_);
+  return seq_;
+}
+
+TENSORPLAY_DECL PoolBlock PoolBlock::on_current_stream(std::size_t bytes, const tensorplay::source_location& where) {
+  const int device = current_device(where);
+  return PoolBlock(bytes, thread_streams().current[static_cast<std::size_t>(device)], [device] { return device; }, where);
+}
+
+TENSORPLAY_DECL PoolBlock::PoolBlock(PoolBlock&& other) noexcept : pool_(std::move(other.pool_)), block_(std::exchange(other.block_, nullptr)) {}
+
+TENSORPLAY_DECL PoolBlock& PoolBlock::operator=(PoolBlock&& other) noexcept {
+  PoolBlock moved(std::move(other));
+  std::swap(pool_, moved.pool_);
+  std::swap(block_, moved.block_);
+  return *this;
+}
+
+TENSORPLAY_DECL PoolBlock::~PoolBlock() {
+  if (block_ != nullptr) pool_->free(block_);
+}
+
+TENSORPLAY_DECL void* PoolBlock::ptr() const noexcept { return block_ == nullptr ? nullptr : block_->ptr; }
+
+TENSORPLAY_DECL void PoolBlock::record_use(cudaStream_t stream) const {
+  if (block_ != nullptr) pool_->record_use(block_, stream);
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -12,6 +12,7 @@
 // CUPTI's headers, which live outside the toolkit's include folder, are not needed either.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_doctor_evidence.hpp>
 
 #include <cuda_runtime_api.h>
@@ -56,82 +57,27 @@ inline constexpr std::uint32_t driver_end_capture_ptsz = 498;
 
 class CuptiWatch {
  public:
-  TENSORPLAY_PROCESS_WIDE static CuptiWatch& instance() {
-    static auto* watch = new CuptiWatch;  // leaked on purpose: CUPTI keeps calling back until exit
-    return *watch;
-  }
+  TENSORPLAY_PROCESS_WIDE static CuptiWatch& instance();
 
   //! Loads CUPTI and subscribes, once; true while subscribed. Never throws. Fails (for good)
   //! when no libcupti can be opened or another subscriber (a profiler) holds CUPTI.
-  bool start() noexcept {
-    if (tried_.load(std::memory_order_acquire)) return active_.load(std::memory_order_acquire);
-    std::lock_guard lock(mutex_);
-    if (tried_.load(std::memory_order_relaxed)) return active_.load(std::memory_order_relaxed);
-    active_.store(subscribe(), std::memory_order_release);
-    tried_.store(true, std::memory_order_release);
-    return active_.load(std::memory_order_relaxed);
-  }
+  bool start() noexcept;
 
-  [[nodiscard]] bool active() const noexcept { return active_.load(std::memory_order_acquire); }
+  [[nodiscard]] bool active() const noexcept;
   //! Why CUPTI is not active, when it was tried: for the docs and the tests.
   [[nodiscard]] const std::string& failure() const noexcept { return failure_; }
 
  private:
   CuptiWatch() = default;
 
-  bool subscribe() noexcept {
-    void* library = open_library();
-    if (library == nullptr) {
-      failure_ = "no libcupti could be opened (set TENSORPLAY_CUPTI to its path)";
-      return false;
-    }
-    auto subscribe_fn = reinterpret_cast<cupti::Subscribe>(dlsym(library, "cuptiSubscribe"));
-    auto enable = reinterpret_cast<cupti::EnableDomain>(dlsym(library, "cuptiEnableDomain"));
-    if (subscribe_fn == nullptr || enable == nullptr) {
-      failure_ = "libcupti lacks cuptiSubscribe or cuptiEnableDomain";
-      return false;
-    }
-    void* subscriber = nullptr;
-    if (const int r = subscribe_fn(&subscriber, &CuptiWatch::on_api, nullptr); r != 0) {
-      failure_ = "cuptiSubscribe failed with CUptiResult " + std::to_string(r) + " (a profiler holds CUPTI?)";
-      return false;
-    }
-    if (enable(1, subscriber, cupti::runtime_api) != 0 || enable(1, subscriber, cupti::driver_api) != 0) {
-      failure_ = "cuptiEnableDomain failed";
-      return false;
-    }
-    return true;
-  }
+  bool subscribe() noexcept;
 
   // TENSORPLAY_CUPTI first, then the loader's search path, then where toolkits put it.
-  static void* open_library() noexcept {
-    if (const char* path = std::getenv("TENSORPLAY_CUPTI"); path != nullptr && *path != '\0')
-      if (void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL)) return lib;
-    const std::string versioned = "libcupti.so." + std::to_string(CUDART_VERSION / 1000);
-    for (const std::string& name :
-         {versioned, std::string("libcupti.so"), "/usr/local/cuda/extras/CUPTI/lib64/" + versioned,
-          "/usr/local/cuda/targets/x86_64-linux/lib/" + versioned, "/usr/local/cuda/targets/sbsa-linux/lib/" + versioned,
-          "/usr/local/cuda/lib64/" + versioned})
-      if (void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) return lib;
-    return nullptr;
-  }
+  static void* open_library() noexcept;
 
   // Runs on every API entry and exit of the process: returns at once unless a call failed with
   // a capture error, or a cudaStreamEndCapture succeeded (a capture ended: maybe not by its owner).
-  static void on_api(void*, int domain, std::uint32_t cbid, const void* raw) {
-    const auto* data = static_cast<const cupti::CallbackData*>(raw);
-    if (data == nullptr || data->site != cupti::api_exit || data->function_return_value == nullptr) return;
-    const int status = *static_cast<const int*>(data->function_return_value);
-    const bool end = domain == cupti::runtime_api
-                         ? cbid == cupti::runtime_end_capture || cbid == cupti::runtime_end_capture_ptsz
-                         : cbid == cupti::driver_end_capture || cbid == cupti::driver_end_capture_ptsz;
-    if (end ? status != 0 : !breaks_capture(status)) return;
-    cudaStream_t stream = nullptr;
-    if (end && data->function_params != nullptr) stream = *static_cast<const cudaStream_t*>(data->function_params);
-    std::string_view name = data->function_name != nullptr ? data->function_name : "";
-    CaptureEvidence::instance().add(domain == cupti::runtime_api ? EvidenceSource::RuntimeApi : EvidenceSource::DriverApi,
-                                    status, stream, name);
-  }
+  static void on_api(void*, int domain, std::uint32_t cbid, const void* raw);
 
   std::mutex mutex_;
   std::atomic<bool> tried_{false};
@@ -140,3 +86,79 @@ class CuptiWatch {
 };
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL CuptiWatch& CuptiWatch::instance() {
+  static auto* watch = new CuptiWatch;  // leaked on purpose: CUPTI keeps calling back until exit
+  return *watch;
+}
+
+TENSORPLAY_DECL bool CuptiWatch::start() noexcept {
+  if (tried_.load(std::memory_order_acquire)) return active_.load(std::memory_order_acquire);
+  std::lock_guard lock(mutex_);
+  if (tried_.load(std::memory_order_relaxed)) return active_.load(std::memory_order_relaxed);
+  active_.store(subscribe(), std::memory_order_release);
+  tried_.store(true, std::memory_order_release);
+  return active_.load(std::memory_order_relaxed);
+}
+
+TENSORPLAY_DECL bool CuptiWatch::active() const noexcept { return active_.load(std::memory_order_acquire); }
+
+TENSORPLAY_DECL bool CuptiWatch::subscribe() noexcept {
+  void* library = open_library();
+  if (library == nullptr) {
+    failure_ = "no libcupti could be opened (set TENSORPLAY_CUPTI to its path)";
+    return false;
+  }
+  auto subscribe_fn = reinterpret_cast<cupti::Subscribe>(dlsym(library, "cuptiSubscribe"));
+  auto enable = reinterpret_cast<cupti::EnableDomain>(dlsym(library, "cuptiEnableDomain"));
+  if (subscribe_fn == nullptr || enable == nullptr) {
+    failure_ = "libcupti lacks cuptiSubscribe or cuptiEnableDomain";
+    return false;
+  }
+  void* subscriber = nullptr;
+  if (const int r = subscribe_fn(&subscriber, &CuptiWatch::on_api, nullptr); r != 0) {
+    failure_ = "cuptiSubscribe failed with CUptiResult " + std::to_string(r) + " (a profiler holds CUPTI?)";
+    return false;
+  }
+  if (enable(1, subscriber, cupti::runtime_api) != 0 || enable(1, subscriber, cupti::driver_api) != 0) {
+    failure_ = "cuptiEnableDomain failed";
+    return false;
+  }
+  return true;
+}
+
+TENSORPLAY_DECL void* CuptiWatch::open_library() noexcept {
+  if (const char* path = std::getenv("TENSORPLAY_CUPTI"); path != nullptr && *path != '\0')
+    if (void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL)) return lib;
+  const std::string versioned = "libcupti.so." + std::to_string(CUDART_VERSION / 1000);
+  for (const std::string& name :
+       {versioned, std::string("libcupti.so"), "/usr/local/cuda/extras/CUPTI/lib64/" + versioned,
+        "/usr/local/cuda/targets/x86_64-linux/lib/" + versioned, "/usr/local/cuda/targets/sbsa-linux/lib/" + versioned,
+        "/usr/local/cuda/lib64/" + versioned})
+    if (void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) return lib;
+  return nullptr;
+}
+
+TENSORPLAY_DECL void CuptiWatch::on_api(void*, int domain, std::uint32_t cbid, const void* raw) {
+  const auto* data = static_cast<const cupti::CallbackData*>(raw);
+  if (data == nullptr || data->site != cupti::api_exit || data->function_return_value == nullptr) return;
+  const int status = *static_cast<const int*>(data->function_return_value);
+  const bool end = domain == cupti::runtime_api
+                       ? cbid == cupti::runtime_end_capture || cbid == cupti::runtime_end_capture_ptsz
+                       : cbid == cupti::driver_end_capture || cbid == cupti::driver_end_capture_ptsz;
+  if (end ? status != 0 : !breaks_capture(status)) return;
+  cudaStream_t stream = nullptr;
+  if (end && data->function_params != nullptr) stream = *static_cast<const cudaStream_t*>(data->function_params);
+  std::string_view name = data->function_name != nullptr ? data->function_name : "";
+  CaptureEvidence::instance().add(domain == cupti::runtime_api ? EvidenceSource::RuntimeApi : EvidenceSource::DriverApi,
+                                  status, stream, name);
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

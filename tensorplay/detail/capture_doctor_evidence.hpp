@@ -51,41 +51,16 @@ class CaptureEvidence {
   //! failures, more than can happen while one capture is open, at 256 small strings of memory.
   static constexpr std::size_t capacity = 256;
 
-  TENSORPLAY_PROCESS_WIDE static CaptureEvidence& instance() {
-    static auto* evidence = new CaptureEvidence;  // leaked on purpose: callbacks may run during exit
-    return *evidence;
-  }
+  TENSORPLAY_PROCESS_WIDE static CaptureEvidence& instance();
 
   //! The index the next record will get.
-  [[nodiscard]] std::uint64_t mark() const noexcept { return next_.load(std::memory_order_acquire); }
+  [[nodiscard]] std::uint64_t mark() const noexcept;
 
   //! Adds a record from the calling thread. Never throws (a record lost to memory is dropped).
-  void add(EvidenceSource source, int status, cudaStream_t stream, std::string_view text) noexcept {
-    try {
-      std::lock_guard lock(mutex_);
-      const std::uint64_t index = next_.load(std::memory_order_relaxed);
-      Evidence& slot = ring_[index % capacity];
-      slot.index = index;
-      slot.thread = this_thread_id();
-      slot.source = source;
-      slot.status = status;
-      slot.stream = stream;
-      slot.text.assign(text);
-      next_.store(index + 1, std::memory_order_release);
-    } catch (...) {
-    }
-  }
+  void add(EvidenceSource source, int status, cudaStream_t stream, std::string_view text) noexcept;
 
   //! The records with index in [from, to) that the ring still holds, oldest first.
-  [[nodiscard]] std::vector<Evidence> between(std::uint64_t from, std::uint64_t to) const {
-    std::lock_guard lock(mutex_);
-    const std::uint64_t next = next_.load(std::memory_order_relaxed);
-    if (to > next) to = next;
-    if (next > capacity && from < next - capacity) from = next - capacity;
-    std::vector<Evidence> out;
-    for (std::uint64_t i = from; i < to; ++i) out.push_back(ring_[i % capacity]);
-    return out;
-  }
+  [[nodiscard]] std::vector<Evidence> between(std::uint64_t from, std::uint64_t to) const;
 
  private:
   CaptureEvidence() = default;
@@ -96,3 +71,45 @@ class CaptureEvidence {
 };
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL CaptureEvidence& CaptureEvidence::instance() {
+  static auto* evidence = new CaptureEvidence;  // leaked on purpose: callbacks may run during exit
+  return *evidence;
+}
+
+TENSORPLAY_DECL std::uint64_t CaptureEvidence::mark() const noexcept { return next_.load(std::memory_order_acquire); }
+
+TENSORPLAY_DECL void CaptureEvidence::add(EvidenceSource source, int status, cudaStream_t stream, std::string_view text) noexcept {
+  try {
+    std::lock_guard lock(mutex_);
+    const std::uint64_t index = next_.load(std::memory_order_relaxed);
+    Evidence& slot = ring_[index % capacity];
+    slot.index = index;
+    slot.thread = this_thread_id();
+    slot.source = source;
+    slot.status = status;
+    slot.stream = stream;
+    slot.text.assign(text);
+    next_.store(index + 1, std::memory_order_release);
+  } catch (...) {
+  }
+}
+
+TENSORPLAY_DECL std::vector<Evidence> CaptureEvidence::between(std::uint64_t from, std::uint64_t to) const {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t next = next_.load(std::memory_order_relaxed);
+  if (to > next) to = next;
+  if (next > capacity && from < next - capacity) from = next - capacity;
+  std::vector<Evidence> out;
+  for (std::uint64_t i = from; i < to; ++i) out.push_back(ring_[i % capacity]);
+  return out;
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

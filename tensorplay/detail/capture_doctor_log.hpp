@@ -11,6 +11,7 @@
 // that succeed cost nothing (capture + instantiate measured the same with and without it).
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_doctor_evidence.hpp>
 
 #include <cuda_runtime_api.h>
@@ -24,37 +25,20 @@ namespace tensorplay::detail {
 
 class DriverLogListener {
  public:
-  TENSORPLAY_PROCESS_WIDE static DriverLogListener& instance() {
-    static auto* listener = new DriverLogListener;  // leaked on purpose: the driver keeps the callback
-    return *listener;
-  }
+  TENSORPLAY_PROCESS_WIDE static DriverLogListener& instance();
 
   //! Registers the callback, once. Later calls cost one atomic load. Never throws; without a
   //! runtime or driver that has the log, nothing is registered and culprits come from CUPTI only.
-  void start() noexcept {
-    if (started_.load(std::memory_order_acquire)) return;
-    std::lock_guard lock(mutex_);
-    if (started_.load(std::memory_order_relaxed)) return;
-#if CUDART_VERSION >= 12090
-    cudaLogsCallbackHandle handle = nullptr;
-    listening_ = cudaLogsRegisterCallback(&DriverLogListener::on_message, nullptr, &handle) == cudaSuccess;
-    if (!listening_) (void)cudaGetLastError();
-#endif
-    started_.store(true, std::memory_order_release);
-  }
+  void start() noexcept;
 
   //! Whether the driver reports its errors to the doctor.
-  [[nodiscard]] bool listening() const noexcept { return started_.load(std::memory_order_acquire) && listening_; }
+  [[nodiscard]] bool listening() const noexcept;
 
  private:
   DriverLogListener() = default;
 
 #if CUDART_VERSION >= 12090
-  static void CUDART_CB on_message(void*, cudaLogLevel, char* message, size_t length) {
-    std::string_view text(message, length);
-    while (!text.empty() && (text.back() == '\n' || text.back() == '\0' || text.back() == ' ')) text.remove_suffix(1);
-    CaptureEvidence::instance().add(EvidenceSource::DriverLog, 0, nullptr, text);
-  }
+  static void CUDART_CB on_message(void*, cudaLogLevel, char* message, size_t length);
 #endif
 
   std::mutex mutex_;
@@ -69,7 +53,42 @@ struct DriverReturn {
   std::string_view function;
 };
 
-inline DriverReturn parse_driver_return(std::string_view text) noexcept {
+TENSORPLAY_DECL DriverReturn parse_driver_return(std::string_view text) noexcept;
+
+}  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL DriverLogListener& DriverLogListener::instance() {
+  static auto* listener = new DriverLogListener;  // leaked on purpose: the driver keeps the callback
+  return *listener;
+}
+
+TENSORPLAY_DECL void DriverLogListener::start() noexcept {
+  if (started_.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(mutex_);
+  if (started_.load(std::memory_order_relaxed)) return;
+#if CUDART_VERSION >= 12090
+  cudaLogsCallbackHandle handle = nullptr;
+  listening_ = cudaLogsRegisterCallback(&DriverLogListener::on_message, nullptr, &handle) == cudaSuccess;
+  if (!listening_) (void)cudaGetLastError();
+#endif
+  started_.store(true, std::memory_order_release);
+}
+
+TENSORPLAY_DECL bool DriverLogListener::listening() const noexcept { return started_.load(std::memory_order_acquire) && listening_; }
+
+TENSORPLAY_DECL void CUDART_CB DriverLogListener::on_message(void*, cudaLogLevel, char* message, size_t length) {
+  std::string_view text(message, length);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\0' || text.back() == ' ')) text.remove_suffix(1);
+  CaptureEvidence::instance().add(EvidenceSource::DriverLog, 0, nullptr, text);
+}
+
+TENSORPLAY_DECL DriverReturn parse_driver_return(std::string_view text) noexcept {
   constexpr std::string_view returning = "Returning ";
   constexpr std::string_view from = " from ";
   const std::size_t at = text.find(returning);
@@ -86,3 +105,4 @@ inline DriverReturn parse_driver_return(std::string_view text) noexcept {
 }
 
 }  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -6,6 +6,8 @@
 // functions not listed keep their own name (a library that calls the driver directly).
 #pragma once
 
+#include <tensorplay/config.hpp>
+
 #include <array>
 #include <string>
 #include <string_view>
@@ -37,7 +39,17 @@ constexpr std::string_view without_abi_suffix(std::string_view name) noexcept {
 }
 
 //! The runtime API call behind a driver function of the log ("cuMemAlloc_v2" -> "cudaMalloc").
-inline std::string runtime_name_of(std::string_view driver_function) {
+TENSORPLAY_DECL std::string runtime_name_of(std::string_view driver_function);
+
+}  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL std::string runtime_name_of(std::string_view driver_function) {
   static constexpr std::array<std::pair<std::string_view, std::string_view>, 34> table{{
       {"cuStreamSynchronize", "cudaStreamSynchronize"},
       {"cuCtxSynchronize", "cudaDeviceSynchronize"},
@@ -82,3 +94,4 @@ inline std::string runtime_name_of(std::string_view driver_function) {
 }
 
 }  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -72,79 +72,30 @@ class CaptureRegistry {
   //! that took part, usually ended moments ago; 32 covers a busy process's last moments.
   static constexpr std::size_t ended_kept = 32;
 
-  TENSORPLAY_PROCESS_WIDE static CaptureRegistry& instance() {
-    static auto* registry = new CaptureRegistry;  // leaked on purpose: pools die after main returns
-    return *registry;
-  }
+  TENSORPLAY_PROCESS_WIDE static CaptureRegistry& instance();
 
   //! True while any tensorplay capture is open. The one check on the allocation fast path.
-  [[nodiscard]] bool any_open() const noexcept { return open_.load(std::memory_order_acquire) != 0; }
+  [[nodiscard]] bool any_open() const noexcept;
 
   //! A capture on `stream` starts; allocations on its streams go through `context`, and its
   //! streams belong to `device`. `seq` may be 0 (not asked yet): it is then asked of CUDA
   //! when a lookup first needs it.
   //! `where` and `mode` are for the capture doctor: where the capture was asked for, its mode.
   void add_capture(CaptureContext* context, CaptureOwner* owner, cudaStream_t stream, CaptureSeq seq, int device,
-                   const tensorplay::source_location& where = {}, cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal) {
-    CaptureDoctorWatch::instance().start();  // once per process; safe inside the capture (probed)
-    CaptureRecord record;
-    record.origin = stream;
-    record.where = where;
-    record.thread = this_thread_id();
-    record.mode = mode;
-    record.opened = CaptureEvidence::instance().mark();
-    std::lock_guard lock(mutex_);
-    entries_.push_back({seq, stream, context, owner, device, record});
-    open_.store(open_.load(std::memory_order_relaxed) + 1, std::memory_order_release);  // writers hold the mutex
-  }
+                   const tensorplay::source_location& where = {}, cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal);
 
   //! A conditional body (sequence `seq`) of the capture that registered `context` starts.
-  void add_body(CaptureContext* context, CaptureSeq seq, int device) {
-    std::lock_guard lock(mutex_);
-    CaptureRecord record;
-    record.body = true;
-    record.thread = this_thread_id();
-    record.opened = CaptureEvidence::instance().mark();
-    record.depth = 1;
-    for (const Entry& e : entries_) {
-      if (e.context != context) continue;
-      if (e.stream != nullptr) {
-        record.origin = e.stream;
-        record.mode = e.record.mode;
-      } else {
-        ++record.depth;
-      }
-    }
-    entries_.push_back({seq, nullptr, context, nullptr, device, record});
-  }
+  void add_body(CaptureContext* context, CaptureSeq seq, int device);
 
   //! Where the body of sequence `seq` was asked for (for the capture doctor's messages).
-  void locate_body(CaptureSeq seq, const tensorplay::source_location& where) noexcept {
-    std::lock_guard lock(mutex_);
-    for (Entry& e : entries_)
-      if (e.stream == nullptr && e.seq == seq) e.record.where = where;
-  }
+  void locate_body(CaptureSeq seq, const tensorplay::source_location& where) noexcept;
 
   //! The body ended.
-  void remove_body(CaptureSeq seq) noexcept {
-    std::lock_guard lock(mutex_);
-    erase_first([seq](const Entry& e) { return e.stream == nullptr && e.seq == seq; });
-  }
+  void remove_body(CaptureSeq seq) noexcept;
 
   //! Every open capture and body, then the last ones that ended (most recent last), for the
   //! capture doctor. Never asks CUDA anything (the driver-log callback must not wait on it).
-  [[nodiscard]] std::vector<CaptureRecord> records() const {
-    std::lock_guard lock(mutex_);
-    std::vector<CaptureRecord> out;
-    out.reserve(entries_.size() + ended_kept);
-    for (const Entry& e : entries_) {
-      out.push_back(e.record);
-      out.back().seq = e.seq;
-    }
-    const std::size_t kept = ended_count_ < ended_kept ? ended_count_ : ended_kept;
-    for (std::size_t i = ended_count_ - kept; i < ended_count_; ++i) out.push_back(ended_[i % ended_kept]);
-    return out;
-  }
+  [[nodiscard]] std::vector<CaptureRecord> records() const;
 
   //! The capture that registered `context` ended (its bodies are gone already); `failed`: it
   //! did not end well. When the last capture ends, deferred cudaFrees run.
@@ -152,81 +103,26 @@ class CaptureRegistry {
   //! evidence arrived while it was open (a call it made may have broken another capture). A
   //! capture that ended well with no evidence on record takes part in no failure, and skipping
   //! the copy keeps the ring's cache lines off the path of every capture.
-  void remove_capture(CaptureContext* context, bool failed = true) noexcept {
-    std::vector<Buried> due;
-    {
-      std::lock_guard lock(mutex_);
-      erase_first([context](const Entry& e) { return e.stream != nullptr && e.context == context; },
-                  [failed](const Entry& e) { return failed || CaptureEvidence::instance().mark() != e.record.opened; });
-      const int open = open_.load(std::memory_order_relaxed) - 1;
-      open_.store(open, std::memory_order_release);
-      if (open == 0) due.swap(buried_);
-    }
-    for (const Buried& b : due) free_now(b);
-  }
+  void remove_capture(CaptureContext* context, bool failed = true) noexcept;
 
   //! Abandons every capture whose origin stream is `stream` (it is about to be destroyed).
-  void abandon_captures_on(cudaStream_t stream) noexcept {
-    if (!any_open()) return;
-    std::vector<CaptureOwner*> owners;
-    {
-      std::lock_guard lock(mutex_);
-      for (const Entry& e : entries_)
-        if (e.stream == stream && e.owner != nullptr) owners.push_back(e.owner);
-    }
-    // Outside the lock: abandoning unregisters the capture.
-    for (CaptureOwner* owner : owners) owner->abandon_because_stream_destroyed();
-  }
+  void abandon_captures_on(cudaStream_t stream) noexcept;
 
   //! The context registered for capture sequence `seq`, or null.
-  [[nodiscard]] CaptureContext* find(CaptureSeq seq) {
-    std::lock_guard lock(mutex_);
-    const Entry* e = lookup(seq);
-    return e != nullptr ? e->context : nullptr;
-  }
+  [[nodiscard]] CaptureContext* find(CaptureSeq seq);
 
   //! The device of a registered capture sequence, or -1.
-  [[nodiscard]] int device_of(CaptureSeq seq) {
-    std::lock_guard lock(mutex_);
-    const Entry* e = lookup(seq);
-    return e != nullptr ? e->device : -1;
-  }
+  [[nodiscard]] int device_of(CaptureSeq seq);
 
   //! Frees device memory now, or once no capture is open: cudaFree synchronises the device,
   //! which would invalidate a capture in progress.
-  void release_segments(int device, const std::vector<void*>& segments) noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      if (any_open()) {
-        for (void* s : segments) buried_.push_back({device, s});
-        return;
-      }
-    }
-    for (void* s : segments) free_now({device, s});
-  }
+  void release_segments(int device, const std::vector<void*>& segments) noexcept;
 
   //! Frees pinned host memory (cudaHostAlloc) now, or once no capture is open, for the same reason.
-  void release_host(void* ptr) noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      if (any_open()) {
-        buried_.push_back({Buried::host, ptr});
-        return;
-      }
-    }
-    free_now({Buried::host, ptr});
-  }
+  void release_host(void* ptr) noexcept;
 
   //! Frees what waits for the end of captures, if none is open now (a cudaMalloc retry path).
-  void drain() noexcept {
-    std::vector<Buried> due;
-    {
-      std::lock_guard lock(mutex_);
-      if (any_open()) return;
-      due.swap(buried_);
-    }
-    for (const Buried& b : due) free_now(b);
-  }
+  void drain() noexcept;
 
  private:
   //! Memory whose free waits for the end of captures: device memory of `device`, or pinned host memory.
@@ -236,16 +132,7 @@ class CaptureRegistry {
     void* ptr;
   };
 
-  static void free_now(const Buried& b) noexcept {
-    if (b.device == Buried::host) {
-      (void)cudaFreeHost(b.ptr);
-      (void)cudaGetLastError();
-      return;
-    }
-    DeviceGuard on_device(b.device, DeviceGuard::quiet);
-    (void)cudaFree(b.ptr);
-    (void)cudaGetLastError();
-  }
+  static void free_now(const Buried& b) noexcept;
 
   // Few captures are open at once: a vector beats a hash map, and allocates nothing per capture.
   struct Entry {
@@ -259,20 +146,7 @@ class CaptureRegistry {
 
   // The entry of sequence `seq`. Captures whose id is not known yet are asked first, and only
   // when no known id matches. Called with the mutex held.
-  Entry* lookup(CaptureSeq seq) {
-    if (seq == 0) return nullptr;
-    for (Entry& e : entries_)
-      if (e.seq == seq) return &e;
-    Entry* found = nullptr;
-    for (Entry& e : entries_) {
-      if (e.seq != 0) continue;
-      const CaptureSeq id = capture_seq_or_zero(e.stream);
-      if (id == 0) continue;  // ending right now, on another thread: not what is looked for
-      e.seq = id;
-      if (id == seq) found = &e;
-    }
-    return found;
-  }
+  Entry* lookup(CaptureSeq seq);
 
   // Removes the first entry that matches, keeping its record among the ended ones if `keep` says so.
   template <class Pred, class Keep = bool (*)(const Entry&)>
@@ -299,3 +173,171 @@ class CaptureRegistry {
 };
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL CaptureRegistry& CaptureRegistry::instance() {
+  static auto* registry = new CaptureRegistry;  // leaked on purpose: pools die after main returns
+  return *registry;
+}
+
+TENSORPLAY_DECL bool CaptureRegistry::any_open() const noexcept { return open_.load(std::memory_order_acquire) != 0; }
+
+TENSORPLAY_DECL void CaptureRegistry::add_capture(CaptureContext* context, CaptureOwner* owner, cudaStream_t stream, CaptureSeq seq, int device,
+    const tensorplay::source_location& where, cudaStreamCaptureMode mode) {
+  CaptureDoctorWatch::instance().start();  // once per process; safe inside the capture (probed)
+  CaptureRecord record;
+  record.origin = stream;
+  record.where = where;
+  record.thread = this_thread_id();
+  record.mode = mode;
+  record.opened = CaptureEvidence::instance().mark();
+  std::lock_guard lock(mutex_);
+  entries_.push_back({seq, stream, context, owner, device, record});
+  open_.store(open_.load(std::memory_order_relaxed) + 1, std::memory_order_release);  // writers hold the mutex
+}
+
+TENSORPLAY_DECL void CaptureRegistry::add_body(CaptureContext* context, CaptureSeq seq, int device) {
+  std::lock_guard lock(mutex_);
+  CaptureRecord record;
+  record.body = true;
+  record.thread = this_thread_id();
+  record.opened = CaptureEvidence::instance().mark();
+  record.depth = 1;
+  for (const Entry& e : entries_) {
+    if (e.context != context) continue;
+    if (e.stream != nullptr) {
+      record.origin = e.stream;
+      record.mode = e.record.mode;
+    } else {
+      ++record.depth;
+    }
+  }
+  entries_.push_back({seq, nullptr, context, nullptr, device, record});
+}
+
+TENSORPLAY_DECL void CaptureRegistry::locate_body(CaptureSeq seq, const tensorplay::source_location& where) noexcept {
+  std::lock_guard lock(mutex_);
+  for (Entry& e : entries_)
+    if (e.stream == nullptr && e.seq == seq) e.record.where = where;
+}
+
+TENSORPLAY_DECL void CaptureRegistry::remove_body(CaptureSeq seq) noexcept {
+  std::lock_guard lock(mutex_);
+  erase_first([seq](const Entry& e) { return e.stream == nullptr && e.seq == seq; });
+}
+
+TENSORPLAY_DECL std::vector<CaptureRecord> CaptureRegistry::records() const {
+  std::lock_guard lock(mutex_);
+  std::vector<CaptureRecord> out;
+  out.reserve(entries_.size() + ended_kept);
+  for (const Entry& e : entries_) {
+    out.push_back(e.record);
+    out.back().seq = e.seq;
+  }
+  const std::size_t kept = ended_count_ < ended_kept ? ended_count_ : ended_kept;
+  for (std::size_t i = ended_count_ - kept; i < ended_count_; ++i) out.push_back(ended_[i % ended_kept]);
+  return out;
+}
+
+TENSORPLAY_DECL void CaptureRegistry::remove_capture(CaptureContext* context, bool failed) noexcept {
+  std::vector<Buried> due;
+  {
+    std::lock_guard lock(mutex_);
+    erase_first([context](const Entry& e) { return e.stream != nullptr && e.context == context; },
+                [failed](const Entry& e) { return failed || CaptureEvidence::instance().mark() != e.record.opened; });
+    const int open = open_.load(std::memory_order_relaxed) - 1;
+    open_.store(open, std::memory_order_release);
+    if (open == 0) due.swap(buried_);
+  }
+  for (const Buried& b : due) free_now(b);
+}
+
+TENSORPLAY_DECL void CaptureRegistry::abandon_captures_on(cudaStream_t stream) noexcept {
+  if (!any_open()) return;
+  std::vector<CaptureOwner*> owners;
+  {
+    std::lock_guard lock(mutex_);
+    for (const Entry& e : entries_)
+      if (e.stream == stream && e.owner != nullptr) owners.push_back(e.owner);
+  }
+  // Outside the lock: abandoning unregisters the capture.
+  for (CaptureOwner* owner : owners) owner->abandon_because_stream_destroyed();
+}
+
+TENSORPLAY_DECL CaptureContext* CaptureRegistry::find(CaptureSeq seq) {
+  std::lock_guard lock(mutex_);
+  const Entry* e = lookup(seq);
+  return e != nullptr ? e->context : nullptr;
+}
+
+TENSORPLAY_DECL int CaptureRegistry::device_of(CaptureSeq seq) {
+  std::lock_guard lock(mutex_);
+  const Entry* e = lookup(seq);
+  return e != nullptr ? e->device : -1;
+}
+
+TENSORPLAY_DECL void CaptureRegistry::release_segments(int device, const std::vector<void*>& segments) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (any_open()) {
+      for (void* s : segments) buried_.push_back({device, s});
+      return;
+    }
+  }
+  for (void* s : segments) free_now({device, s});
+}
+
+TENSORPLAY_DECL void CaptureRegistry::release_host(void* ptr) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (any_open()) {
+      buried_.push_back({Buried::host, ptr});
+      return;
+    }
+  }
+  free_now({Buried::host, ptr});
+}
+
+TENSORPLAY_DECL void CaptureRegistry::drain() noexcept {
+  std::vector<Buried> due;
+  {
+    std::lock_guard lock(mutex_);
+    if (any_open()) return;
+    due.swap(buried_);
+  }
+  for (const Buried& b : due) free_now(b);
+}
+
+TENSORPLAY_DECL void CaptureRegistry::free_now(const Buried& b) noexcept {
+  if (b.device == Buried::host) {
+    (void)cudaFreeHost(b.ptr);
+    (void)cudaGetLastError();
+    return;
+  }
+  DeviceGuard on_device(b.device, DeviceGuard::quiet);
+  (void)cudaFree(b.ptr);
+  (void)cudaGetLastError();
+}
+
+TENSORPLAY_DECL auto CaptureRegistry::lookup(CaptureSeq seq) -> Entry* {
+  if (seq == 0) return nullptr;
+  for (Entry& e : entries_)
+    if (e.seq == seq) return &e;
+  Entry* found = nullptr;
+  for (Entry& e : entries_) {
+    if (e.seq != 0) continue;
+    const CaptureSeq id = capture_seq_or_zero(e.stream);
+    if (id == 0) continue;  // ending right now, on another thread: not what is looked for
+    e.seq = id;
+    if (id == seq) found = &e;
+  }
+  return found;
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -7,6 +7,7 @@
 // the executable.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_context.hpp>
 #include <tensorplay/detail/capture_doctor.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
@@ -21,7 +22,21 @@ namespace tensorplay::detail {
 //! The graph that will keep what the capture running on `stream` needs: the capture's own
 //! graph, or, for a tensorplay conditional body, the graph of the capture the body belongs to.
 //! \throws capture_error when `stream` is not capturing (or the capture was invalidated).
-inline cudaGraph_t keeping_graph(cudaStream_t stream, const tensorplay::source_location& where) {
+TENSORPLAY_DECL cudaGraph_t keeping_graph(cudaStream_t stream, const tensorplay::source_location& where);
+
+//! Gives `object` (one reference, moved) to the graph that keeps what `stream`'s capture needs
+//! (keeping_graph). On failure the reference is released.
+TENSORPLAY_DECL void retain_on_capture(cudaStream_t stream, cudaUserObject_t object, const tensorplay::source_location& where);
+
+}  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL cudaGraph_t keeping_graph(cudaStream_t stream, const tensorplay::source_location& where) {
   CaptureInfo info;
   TENSORPLAY_CHECK(get_capture_info(stream, info), where);
   if (info.status != cudaStreamCaptureStatusActive)
@@ -37,9 +52,7 @@ inline cudaGraph_t keeping_graph(cudaStream_t stream, const tensorplay::source_l
   return root.graph;
 }
 
-//! Gives `object` (one reference, moved) to the graph that keeps what `stream`'s capture needs
-//! (keeping_graph). On failure the reference is released.
-inline void retain_on_capture(cudaStream_t stream, cudaUserObject_t object, const tensorplay::source_location& where) {
+TENSORPLAY_DECL void retain_on_capture(cudaStream_t stream, cudaUserObject_t object, const tensorplay::source_location& where) {
   cudaGraph_t graph = nullptr;
   try {
     graph = keeping_graph(stream, where);
@@ -54,3 +67,4 @@ inline void retain_on_capture(cudaStream_t stream, cudaUserObject_t object, cons
 }
 
 }  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -16,7 +16,47 @@ namespace tensorplay::detail {
 
 using config::max_devices;
 
-inline int current_device(const tensorplay::source_location& where) {
+TENSORPLAY_DECL int current_device(const tensorplay::source_location& where);
+
+//! The major compute capability of `device` (cached; 0 if it cannot be read).
+TENSORPLAY_DECL int compute_capability_major(int device) noexcept;
+
+//! Number of usable devices; 0 when the runtime reports any error (no driver, no GPU).
+TENSORPLAY_DECL int device_count() noexcept;
+
+//! The device a stream belongs to. The legacy and per-thread default streams belong to the
+//! current device. CUDA refuses cudaStreamGetDevice on a stream that is being captured; the
+//! device of a capture tensorplay began is in the capture registry, any other capturing
+//! stream is taken to be on the current device.
+TENSORPLAY_DECL int stream_device(cudaStream_t stream, const tensorplay::source_location& where);
+
+//! The device of a stream that is not capturing, or -1 when CUDA cannot say (before CUDA 12.8,
+//! or for the legacy stream). Never throws.
+TENSORPLAY_DECL int stream_device_or_none(cudaStream_t stream) noexcept;
+
+//! Runs `cudaMalloc`-like calls without disturbing a capture that another stream has open:
+//! switches this thread to relaxed capture mode for its lifetime (gpu.md: global and
+//! thread_local captures refuse cudaMalloc from the capturing thread, global ones from any).
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() noexcept;
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+  ~RelaxedCaptureMode();
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+}  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL int current_device(const tensorplay::source_location& where) {
   int device = 0;
   TENSORPLAY_CHECK(cudaGetDevice(&device), where);
   if (device < 0 || device >= max_devices) [[unlikely]]
@@ -24,8 +64,7 @@ inline int current_device(const tensorplay::source_location& where) {
   return device;
 }
 
-//! The major compute capability of `device` (cached; 0 if it cannot be read).
-inline int compute_capability_major(int device) noexcept {
+TENSORPLAY_DECL int compute_capability_major(int device) noexcept {
   static std::atomic<int> cache[max_devices] = {};
   int major = cache[device].load(std::memory_order_relaxed);
   if (major == 0) {
@@ -38,8 +77,7 @@ inline int compute_capability_major(int device) noexcept {
   return major;
 }
 
-//! Number of usable devices; 0 when the runtime reports any error (no driver, no GPU).
-inline int device_count() noexcept {
+TENSORPLAY_DECL int device_count() noexcept {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -48,11 +86,7 @@ inline int device_count() noexcept {
   return count;
 }
 
-//! The device a stream belongs to. The legacy and per-thread default streams belong to the
-//! current device. CUDA refuses cudaStreamGetDevice on a stream that is being captured; the
-//! device of a capture tensorplay began is in the capture registry, any other capturing
-//! stream is taken to be on the current device.
-inline int stream_device(cudaStream_t stream, const tensorplay::source_location& where) {
+TENSORPLAY_DECL int stream_device(cudaStream_t stream, const tensorplay::source_location& where) {
   if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
     return current_device(where);
 #if CUDART_VERSION >= 12080
@@ -71,9 +105,7 @@ inline int stream_device(cudaStream_t stream, const tensorplay::source_location&
 #endif
 }
 
-//! The device of a stream that is not capturing, or -1 when CUDA cannot say (before CUDA 12.8,
-//! or for the legacy stream). Never throws.
-inline int stream_device_or_none(cudaStream_t stream) noexcept {
+TENSORPLAY_DECL int stream_device_or_none(cudaStream_t stream) noexcept {
 #if CUDART_VERSION >= 12080
   if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return -1;
   int device = -1;
@@ -85,18 +117,9 @@ inline int stream_device_or_none(cudaStream_t stream) noexcept {
   return -1;
 }
 
-//! Runs `cudaMalloc`-like calls without disturbing a capture that another stream has open:
-//! switches this thread to relaxed capture mode for its lifetime (gpu.md: global and
-//! thread_local captures refuse cudaMalloc from the capturing thread, global ones from any).
-class RelaxedCaptureMode {
- public:
-  RelaxedCaptureMode() noexcept { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
-  ~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+TENSORPLAY_DECL RelaxedCaptureMode::RelaxedCaptureMode() noexcept { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
 
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
+TENSORPLAY_DECL RelaxedCaptureMode::~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
 
 }  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

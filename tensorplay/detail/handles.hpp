@@ -6,6 +6,7 @@
 // the rule of zero.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/version.hpp>
@@ -52,21 +53,13 @@ class UniqueHandle {
   Handle handle_{};
 };
 
-inline cudaError_t release_user_object(cudaUserObject_t object) noexcept { return cudaUserObjectRelease(object, 1); }
+TENSORPLAY_DECL cudaError_t release_user_object(cudaUserObject_t object) noexcept;
 
 // Graphs and executables may die while a capture is open (a Graph overwritten by another one
 // inside a capture body): CUDA counts their destruction as a call a global-mode capture refuses,
 // which would invalidate that capture. Destroyed in relaxed capture mode then.
-inline cudaError_t destroy_graph(cudaGraph_t graph) noexcept {
-  if (!CaptureRegistry::instance().any_open()) return cudaGraphDestroy(graph);
-  RelaxedCaptureMode relaxed;
-  return cudaGraphDestroy(graph);
-}
-inline cudaError_t destroy_exec(cudaGraphExec_t exec) noexcept {
-  if (!CaptureRegistry::instance().any_open()) return cudaGraphExecDestroy(exec);
-  RelaxedCaptureMode relaxed;
-  return cudaGraphExecDestroy(exec);
-}
+TENSORPLAY_DECL cudaError_t destroy_graph(cudaGraph_t graph) noexcept;
+TENSORPLAY_DECL cudaError_t destroy_exec(cudaGraphExec_t exec) noexcept;
 
 using GraphHandle = UniqueHandle<cudaGraph_t, &destroy_graph>;
 using ExecHandle = UniqueHandle<cudaGraphExec_t, &destroy_exec>;
@@ -75,3 +68,26 @@ using EventHandle = UniqueHandle<cudaEvent_t, &cudaEventDestroy>;
 using UserObjectRef = UniqueHandle<cudaUserObject_t, &release_user_object>;
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL cudaError_t release_user_object(cudaUserObject_t object) noexcept { return cudaUserObjectRelease(object, 1); }
+
+TENSORPLAY_DECL cudaError_t destroy_graph(cudaGraph_t graph) noexcept {
+  if (!CaptureRegistry::instance().any_open()) return cudaGraphDestroy(graph);
+  RelaxedCaptureMode relaxed;
+  return cudaGraphDestroy(graph);
+}
+
+TENSORPLAY_DECL cudaError_t destroy_exec(cudaGraphExec_t exec) noexcept {
+  if (!CaptureRegistry::instance().any_open()) return cudaGraphExecDestroy(exec);
+  RelaxedCaptureMode relaxed;
+  return cudaGraphExecDestroy(exec);
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -14,6 +14,7 @@
 // memory, and after restore the pool is whole for every stream, not only for `stream`.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/offload_image.hpp>
 #include <tensorplay/detail/vmm_api.hpp>
@@ -39,7 +40,7 @@ struct PendingWork {
 class OffloadState {
  public:
   //! \throws cuda_error when the device cannot give virtual memory management.
-  OffloadState(int device, const tensorplay::source_location& where) : segments_(device, where) {}
+  OffloadState(int device, const tensorplay::source_location& where);
 
   [[nodiscard]] VmmSegments& segments() noexcept { return segments_; }
   [[nodiscard]] const HostImage& image() const noexcept { return image_; }
@@ -49,81 +50,14 @@ class OffloadState {
   //! Copies `runs` (the live blocks) to the host after `work` and what `stream` already has
   //! queued, then releases the segments' physical memory. `pool` names the pool in errors.
   void offload(std::vector<HostRun> runs, const PendingWork& work, cudaStream_t stream, const std::string& pool,
-               const tensorplay::source_location& where) {
-    VmmGraveyard::instance().drain();
-    auto stays_resident = [&](const VmmStatus& s) {
-      throw cuda_error(s.status, std::string(s.call) + "; " + pool + " stays on the device, every block intact", where);
-    };
-    for (cudaStream_t s : work.streams) {
-      if (s == stream || is_capturing_or_false(s)) continue;  // a capturing stream runs nothing of ours
-      const VmmStatus status = runtime_call("cudaStreamSynchronize (Pool::offload: a stream that used the pool)",
-                                            cudaErrorLaunchFailure, [&] { return cudaStreamSynchronize(s); });
-      if (!status.ok()) stays_resident(status);
-    }
-    for (cudaEvent_t e : work.events) {
-      const VmmStatus status = runtime_call("cudaEventSynchronize (Pool::offload: a use of the pool)", cudaErrorLaunchFailure,
-                                            [&] { return cudaEventSynchronize(e); });
-      if (!status.ok()) stays_resident(status);
-    }
-    if (VmmStatus status = image_.plan(std::move(runs)); !status.ok()) stays_resident(status);
-    if (VmmStatus status = image_.copy_out(stream); !status.ok()) {
-      quiet_synchronize(stream);  // the copies already issued write into the host copy
-      stays_resident(status);
-    }
-    if (VmmStatus status = synchronize(stream, "cudaStreamSynchronize (Pool::offload: the copies)"); !status.ok()) {
-      quiet_synchronize(stream);  // a failed wait proves nothing: no copy may outlive this call
-      stays_resident(status);
-    }
-
-    on_host_ = true;  // from here on the host copy is whole: whatever fails, the pool is offloaded
-    VmmStatus first_failure;
-    std::size_t kept = 0;
-    for (VmmSegment& s : segments_.segments()) {
-      const VmmStatus status = segments_.evict(s);
-      if (status.ok()) continue;
-      if (first_failure.ok()) first_failure = status;
-      kept += s.bytes;
-    }
-    if (!first_failure.ok())
-      throw cuda_error(first_failure.status,
-                       std::string(first_failure.call) + "; " + pool + " is offloaded (every block is in host memory), but " +
-                           std::to_string(kept) + " bytes of its device memory could not be released; restore works as usual",
-                       where);
-  }
+               const tensorplay::source_location& where);
 
   //! Backs every segment again at its addresses and copies the runs back, in order on `stream`.
-  void restore(cudaStream_t stream, const std::string& pool, const tensorplay::source_location& where) {
-    VmmGraveyard::instance().drain();
-    std::vector<VmmSegment*> backed_now;  // undone if this call fails
-    auto stays_offloaded = [&](const VmmStatus& s) {
-      for (VmmSegment* b : backed_now) segments_.drop(*b);
-      throw cuda_error(s.status,
-                       std::string(s.call) + "; " + pool + " stays offloaded, every block intact in host memory (restore may be called again)",
-                       where);
-    };
-    for (VmmSegment& s : segments_.segments()) {
-      if (s.handle != 0 && s.mapped && s.accessible) continue;  // kept by an offload that could not release it
-      backed_now.push_back(&s);
-      if (VmmStatus status = segments_.back(s); !status.ok()) stays_offloaded(status);
-    }
-    if (VmmStatus status = image_.copy_in(stream); !status.ok()) {
-      quiet_synchronize(stream);  // no copy may still write into memory about to be released
-      stays_offloaded(status);
-    }
-    if (VmmStatus status = synchronize(stream, "cudaStreamSynchronize (Pool::restore: the copies)"); !status.ok()) {
-      quiet_synchronize(stream);  // a failed wait proves nothing: no copy may still write into what is released
-      stays_offloaded(status);
-    }
-    on_host_ = false;
-  }
+  void restore(cudaStream_t stream, const std::string& pool, const tensorplay::source_location& where);
 
  private:
-  static VmmStatus synchronize(cudaStream_t stream, const char* name) noexcept {
-    return runtime_call(name, cudaErrorLaunchFailure, [&] { return cudaStreamSynchronize(stream); });
-  }
-  static void quiet_synchronize(cudaStream_t stream) noexcept {
-    if (cudaStreamSynchronize(stream) != cudaSuccess) (void)cudaGetLastError();
-  }
+  static VmmStatus synchronize(cudaStream_t stream, const char* name) noexcept;
+  static void quiet_synchronize(cudaStream_t stream) noexcept;
 
   VmmSegments segments_;
   HostImage image_;
@@ -131,3 +65,90 @@ class OffloadState {
 };
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL OffloadState::OffloadState(int device, const tensorplay::source_location& where) : segments_(device, where) {}
+
+TENSORPLAY_DECL void OffloadState::offload(std::vector<HostRun> runs, const PendingWork& work, cudaStream_t stream, const std::string& pool,
+    const tensorplay::source_location& where) {
+  VmmGraveyard::instance().drain();
+  auto stays_resident = [&](const VmmStatus& s) {
+    throw cuda_error(s.status, std::string(s.call) + "; " + pool + " stays on the device, every block intact", where);
+  };
+  for (cudaStream_t s : work.streams) {
+    if (s == stream || is_capturing_or_false(s)) continue;  // a capturing stream runs nothing of ours
+    const VmmStatus status = runtime_call("cudaStreamSynchronize (Pool::offload: a stream that used the pool)",
+                                          cudaErrorLaunchFailure, [&] { return cudaStreamSynchronize(s); });
+    if (!status.ok()) stays_resident(status);
+  }
+  for (cudaEvent_t e : work.events) {
+    const VmmStatus status = runtime_call("cudaEventSynchronize (Pool::offload: a use of the pool)", cudaErrorLaunchFailure,
+                                          [&] { return cudaEventSynchronize(e); });
+    if (!status.ok()) stays_resident(status);
+  }
+  if (VmmStatus status = image_.plan(std::move(runs)); !status.ok()) stays_resident(status);
+  if (VmmStatus status = image_.copy_out(stream); !status.ok()) {
+    quiet_synchronize(stream);  // the copies already issued write into the host copy
+    stays_resident(status);
+  }
+  if (VmmStatus status = synchronize(stream, "cudaStreamSynchronize (Pool::offload: the copies)"); !status.ok()) {
+    quiet_synchronize(stream);  // a failed wait proves nothing: no copy may outlive this call
+    stays_resident(status);
+  }
+
+  on_host_ = true;  // from here on the host copy is whole: whatever fails, the pool is offloaded
+  VmmStatus first_failure;
+  std::size_t kept = 0;
+  for (VmmSegment& s : segments_.segments()) {
+    const VmmStatus status = segments_.evict(s);
+    if (status.ok()) continue;
+    if (first_failure.ok()) first_failure = status;
+    kept += s.bytes;
+  }
+  if (!first_failure.ok())
+    throw cuda_error(first_failure.status,
+                     std::string(first_failure.call) + "; " + pool + " is offloaded (every block is in host memory), but " +
+                         std::to_string(kept) + " bytes of its device memory could not be released; restore works as usual",
+                     where);
+}
+
+TENSORPLAY_DECL void OffloadState::restore(cudaStream_t stream, const std::string& pool, const tensorplay::source_location& where) {
+  VmmGraveyard::instance().drain();
+  std::vector<VmmSegment*> backed_now;  // undone if this call fails
+  auto stays_offloaded = [&](const VmmStatus& s) {
+    for (VmmSegment* b : backed_now) segments_.drop(*b);
+    throw cuda_error(s.status,
+                     std::string(s.call) + "; " + pool + " stays offloaded, every block intact in host memory (restore may be called again)",
+                     where);
+  };
+  for (VmmSegment& s : segments_.segments()) {
+    if (s.handle != 0 && s.mapped && s.accessible) continue;  // kept by an offload that could not release it
+    backed_now.push_back(&s);
+    if (VmmStatus status = segments_.back(s); !status.ok()) stays_offloaded(status);
+  }
+  if (VmmStatus status = image_.copy_in(stream); !status.ok()) {
+    quiet_synchronize(stream);  // no copy may still write into memory about to be released
+    stays_offloaded(status);
+  }
+  if (VmmStatus status = synchronize(stream, "cudaStreamSynchronize (Pool::restore: the copies)"); !status.ok()) {
+    quiet_synchronize(stream);  // a failed wait proves nothing: no copy may still write into what is released
+    stays_offloaded(status);
+  }
+  on_host_ = false;
+}
+
+TENSORPLAY_DECL VmmStatus OffloadState::synchronize(cudaStream_t stream, const char* name) noexcept {
+  return runtime_call(name, cudaErrorLaunchFailure, [&] { return cudaStreamSynchronize(stream); });
+}
+
+TENSORPLAY_DECL void OffloadState::quiet_synchronize(cudaStream_t stream) noexcept {
+  if (cudaStreamSynchronize(stream) != cudaSuccess) (void)cudaGetLastError();
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

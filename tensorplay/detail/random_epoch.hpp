@@ -14,12 +14,25 @@
 namespace tensorplay::detail {
 
 //! This thread's count of conditional nodes created by tensorplay captures.
-TENSORPLAY_PROCESS_WIDE inline std::uint64_t& conditional_epoch() noexcept {
+TENSORPLAY_PROCESS_WIDE TENSORPLAY_DECL std::uint64_t& conditional_epoch() noexcept;
+
+//! A conditional node was added to a capture of this thread.
+TENSORPLAY_DECL void note_conditional_node() noexcept;
+
+}  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL std::uint64_t& conditional_epoch() noexcept {
   thread_local std::uint64_t epoch = 0;
   return epoch;
 }
 
-//! A conditional node was added to a capture of this thread.
-inline void note_conditional_node() noexcept { ++conditional_epoch(); }
+TENSORPLAY_DECL void note_conditional_node() noexcept { ++conditional_epoch(); }
 
 }  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

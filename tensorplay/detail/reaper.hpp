@@ -38,53 +38,18 @@ struct RetainedValue final : RetainedBox {
 // compile time.
 class Reaper {
  public:
-  TENSORPLAY_PROCESS_WIDE static Reaper& instance() {
-    static auto* reaper = new Reaper;  // leaked on purpose: callbacks may come during exit
-    return *reaper;
-  }
+  TENSORPLAY_PROCESS_WIDE static Reaper& instance();
 
   //! Called from CUDA's callback thread: no CUDA here, only a queue.
-  static void enqueue(void* box) noexcept {
-    Reaper& r = instance();
-    {
-      std::lock_guard lock(r.mutex_);
-      r.queue_.push_back(static_cast<RetainedBox*>(box));
-    }
-    r.pending_.fetch_add(1, std::memory_order_release);
-    r.pending_.notify_all();
-  }
+  static void enqueue(void* box) noexcept;
 
   //! Blocks until every object handed over so far is destroyed.
-  void drain() noexcept {
-    for (unsigned left = pending_.load(std::memory_order_acquire); left != 0; left = pending_.load(std::memory_order_acquire))
-      pending_.wait(left);
-  }
+  void drain() noexcept;
 
  private:
-  Reaper() {
-    pthread_t thread{};
-    if (pthread_create(&thread, nullptr, &Reaper::run, this) == 0) pthread_detach(thread);
-  }
+  Reaper();
 
-  static void* run(void* self) {
-    auto* reaper = static_cast<Reaper*>(self);
-    // Relaxed capture mode for good: what this thread destroys (graphs, retained objects) must
-    // never invalidate a capture running on another thread.
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    (void)cudaThreadExchangeStreamCaptureMode(&mode);
-    std::vector<RetainedBox*> batch;
-    for (;;) {
-      reaper->pending_.wait(0, std::memory_order_acquire);
-      {
-        std::lock_guard lock(reaper->mutex_);
-        batch.swap(reaper->queue_);
-      }
-      for (RetainedBox* box : batch) delete box;  // the user's destructors, which may call CUDA
-      reaper->pending_.fetch_sub(static_cast<unsigned>(batch.size()), std::memory_order_release);
-      reaper->pending_.notify_all();
-      batch.clear();
-    }
-  }
+  static void* run(void* self);
 
   std::mutex mutex_;
   std::vector<RetainedBox*> queue_;
@@ -92,3 +57,57 @@ class Reaper {
 };
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL Reaper& Reaper::instance() {
+  static auto* reaper = new Reaper;  // leaked on purpose: callbacks may come during exit
+  return *reaper;
+}
+
+TENSORPLAY_DECL void Reaper::enqueue(void* box) noexcept {
+  Reaper& r = instance();
+  {
+    std::lock_guard lock(r.mutex_);
+    r.queue_.push_back(static_cast<RetainedBox*>(box));
+  }
+  r.pending_.fetch_add(1, std::memory_order_release);
+  r.pending_.notify_all();
+}
+
+TENSORPLAY_DECL void Reaper::drain() noexcept {
+  for (unsigned left = pending_.load(std::memory_order_acquire); left != 0; left = pending_.load(std::memory_order_acquire))
+    pending_.wait(left);
+}
+
+TENSORPLAY_DECL Reaper::Reaper() {
+  pthread_t thread{};
+  if (pthread_create(&thread, nullptr, &Reaper::run, this) == 0) pthread_detach(thread);
+}
+
+TENSORPLAY_DECL void* Reaper::run(void* self) {
+  auto* reaper = static_cast<Reaper*>(self);
+  // Relaxed capture mode for good: what this thread destroys (graphs, retained objects) must
+  // never invalidate a capture running on another thread.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  std::vector<RetainedBox*> batch;
+  for (;;) {
+    reaper->pending_.wait(0, std::memory_order_acquire);
+    {
+      std::lock_guard lock(reaper->mutex_);
+      batch.swap(reaper->queue_);
+    }
+    for (RetainedBox* box : batch) delete box;  // the user's destructors, which may call CUDA
+    reaper->pending_.fetch_sub(static_cast<unsigned>(batch.size()), std::memory_order_release);
+    reaper->pending_.notify_all();
+    batch.clear();
+  }
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -10,6 +10,7 @@
 // captures begun on them and the tensors allocated on them (docs/design.md says so).
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/detail/pool_directory.hpp>
@@ -19,7 +20,22 @@
 namespace tensorplay::detail {
 
 //! Settles everything that refers to `stream`, then destroys it. Never throws.
-inline void destroy_stream(cudaStream_t stream) noexcept {
+TENSORPLAY_DECL void destroy_stream(cudaStream_t stream) noexcept;
+
+TENSORPLAY_DECL cudaError_t destroy_owned_stream(cudaStream_t stream) noexcept;
+
+//! Owns a stream the library created for itself (side streams, conditional-body streams).
+using OwnedStream = UniqueHandle<cudaStream_t, &destroy_owned_stream>;
+
+}  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL void destroy_stream(cudaStream_t stream) noexcept {
   if (stream == nullptr) return;
   CaptureRegistry::instance().abandon_captures_on(stream);
   PoolDirectory::instance().retire_stream(stream);
@@ -27,12 +43,10 @@ inline void destroy_stream(cudaStream_t stream) noexcept {
   (void)cudaGetLastError();
 }
 
-inline cudaError_t destroy_owned_stream(cudaStream_t stream) noexcept {
+TENSORPLAY_DECL cudaError_t destroy_owned_stream(cudaStream_t stream) noexcept {
   destroy_stream(stream);
   return cudaSuccess;
 }
 
-//! Owns a stream the library created for itself (side streams, conditional-body streams).
-using OwnedStream = UniqueHandle<cudaStream_t, &destroy_owned_stream>;
-
 }  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

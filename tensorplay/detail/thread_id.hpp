@@ -4,6 +4,8 @@
 // tensorplay; the capture registry and the capture doctor only compare threads.
 #pragma once
 
+#include <tensorplay/config.hpp>
+
 #include <pthread.h>
 
 namespace tensorplay::detail {
@@ -16,6 +18,17 @@ struct ThreadId {
 };
 
 //! The calling thread.
-inline ThreadId this_thread_id() noexcept { return {pthread_self()}; }
+TENSORPLAY_DECL ThreadId this_thread_id() noexcept;
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL ThreadId this_thread_id() noexcept { return {pthread_self()}; }
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -28,48 +28,68 @@ struct ThreadStreams {
   std::vector<Override> overrides;  // innermost last
 
   //! Makes `stream` current on `device` until pop(device, stream).
-  void push(int device, cudaStream_t stream) {
-    overrides.push_back({device, stream, current[static_cast<std::size_t>(device)]});
-    current[static_cast<std::size_t>(device)] = stream;
-  }
+  void push(int device, cudaStream_t stream);
 
   //! Undoes push(device, stream), also when the pushes are not undone in reverse order (two
   //! captures on one thread that end in the order they began): a later override of the same
   //! device then inherits what this one replaced, and the current stream stays the later one's.
-  void pop(int device, cudaStream_t stream) noexcept {
-    for (std::size_t i = overrides.size(); i-- > 0;) {
-      const Override o = overrides[i];
-      if (o.device != device || o.stream != stream) continue;
-      bool covered = false;
-      for (std::size_t j = i + 1; j < overrides.size(); ++j) {
-        if (overrides[j].device != device) continue;
-        overrides[j].previous = o.previous;
-        covered = true;
-        break;
-      }
-      if (!covered) current[static_cast<std::size_t>(device)] = o.previous;
-      overrides.erase(overrides.begin() + static_cast<std::ptrdiff_t>(i));
-      return;
-    }
-  }
+  void pop(int device, cudaStream_t stream) noexcept;
 
   //! `stream` is being destroyed: slots naming it fall back to the legacy default stream.
-  void forget(cudaStream_t stream) noexcept {
-    for (cudaStream_t& slot : current)
-      if (slot == stream) slot = nullptr;
-  }
+  void forget(cudaStream_t stream) noexcept;
 };
 
-TENSORPLAY_PROCESS_WIDE inline ThreadStreams& thread_streams() noexcept {
+TENSORPLAY_PROCESS_WIDE TENSORPLAY_DECL ThreadStreams& thread_streams() noexcept;
+
+TENSORPLAY_DECL void set_current_stream(int device, cudaStream_t stream) noexcept;
+
+//! This thread's side stream on `device`: where captures go when the current stream is the
+//! legacy default stream, which cannot be captured.
+TENSORPLAY_DECL cudaStream_t side_stream(int device, const tensorplay::source_location& where);
+
+}  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL void ThreadStreams::push(int device, cudaStream_t stream) {
+  overrides.push_back({device, stream, current[static_cast<std::size_t>(device)]});
+  current[static_cast<std::size_t>(device)] = stream;
+}
+
+TENSORPLAY_DECL void ThreadStreams::pop(int device, cudaStream_t stream) noexcept {
+  for (std::size_t i = overrides.size(); i-- > 0;) {
+    const Override o = overrides[i];
+    if (o.device != device || o.stream != stream) continue;
+    bool covered = false;
+    for (std::size_t j = i + 1; j < overrides.size(); ++j) {
+      if (overrides[j].device != device) continue;
+      overrides[j].previous = o.previous;
+      covered = true;
+      break;
+    }
+    if (!covered) current[static_cast<std::size_t>(device)] = o.previous;
+    overrides.erase(overrides.begin() + static_cast<std::ptrdiff_t>(i));
+    return;
+  }
+}
+
+TENSORPLAY_DECL void ThreadStreams::forget(cudaStream_t stream) noexcept {
+  for (cudaStream_t& slot : current)
+    if (slot == stream) slot = nullptr;
+}
+
+TENSORPLAY_DECL ThreadStreams& thread_streams() noexcept {
   thread_local ThreadStreams streams;
   return streams;
 }
 
-inline void set_current_stream(int device, cudaStream_t stream) noexcept { thread_streams().current[static_cast<std::size_t>(device)] = stream; }
+TENSORPLAY_DECL void set_current_stream(int device, cudaStream_t stream) noexcept { thread_streams().current[static_cast<std::size_t>(device)] = stream; }
 
-//! This thread's side stream on `device`: where captures go when the current stream is the
-//! legacy default stream, which cannot be captured.
-inline cudaStream_t side_stream(int device, const tensorplay::source_location& where) {
+TENSORPLAY_DECL cudaStream_t side_stream(int device, const tensorplay::source_location& where) {
   OwnedStream& slot = thread_streams().side[static_cast<std::size_t>(device)];
   if (slot.get() == nullptr) {
     DeviceGuard guard(device, where);
@@ -82,3 +102,4 @@ inline cudaStream_t side_stream(int device, const tensorplay::source_location& w
 }
 
 }  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -59,10 +59,7 @@ struct VmmStatus {
 class VmmApi {
  public:
   //! \throws cuda_error when the driver lacks one of the calls (resolved once per process).
-  TENSORPLAY_PROCESS_WIDE static const VmmApi& get(const tensorplay::source_location& where) {
-    static const VmmApi api(where);  // a throw leaves it unresolved: the next call retries
-    return api;
-  }
+  TENSORPLAY_PROCESS_WIDE static const VmmApi& get(const tensorplay::source_location& where);
 
   int (*address_reserve)(VmmAddress*, std::size_t, std::size_t, VmmAddress, unsigned long long) = nullptr;
   int (*address_free)(VmmAddress, std::size_t) = nullptr;
@@ -74,16 +71,7 @@ class VmmApi {
   int (*granularity)(std::size_t*, const VmmAllocationProp*, int) = nullptr;
 
  private:
-  explicit VmmApi(const tensorplay::source_location& where) {
-    resolve("cuMemAddressReserve", address_reserve, where);
-    resolve("cuMemAddressFree", address_free, where);
-    resolve("cuMemCreate", create, where);
-    resolve("cuMemRelease", release, where);
-    resolve("cuMemMap", map, where);
-    resolve("cuMemUnmap", unmap, where);
-    resolve("cuMemSetAccess", set_access, where);
-    resolve("cuMemGetAllocationGranularity", granularity, where);
-  }
+  explicit VmmApi(const tensorplay::source_location& where);
   template <class F>
   static void resolve(const char* symbol, F& out, const tensorplay::source_location& where) {
     resolve_driver<12000>(symbol, out, where);  // one signature since CUDA 10.2
@@ -110,3 +98,28 @@ VmmStatus runtime_call(const char* name, cudaError_t injected, Call&& call) noex
 }
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL const VmmApi& VmmApi::get(const tensorplay::source_location& where) {
+  static const VmmApi api(where);  // a throw leaves it unresolved: the next call retries
+  return api;
+}
+
+TENSORPLAY_DECL VmmApi::VmmApi(const tensorplay::source_location& where) {
+  resolve("cuMemAddressReserve", address_reserve, where);
+  resolve("cuMemAddressFree", address_free, where);
+  resolve("cuMemCreate", create, where);
+  resolve("cuMemRelease", release, where);
+  resolve("cuMemMap", map, where);
+  resolve("cuMemUnmap", unmap, where);
+  resolve("cuMemSetAccess", set_access, where);
+  resolve("cuMemGetAllocationGranularity", granularity, where);
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

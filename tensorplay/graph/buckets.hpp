@@ -32,6 +32,7 @@
 // and host) for one update per change of bucket: see docs/buckets.md for when it pays off.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/small_algorithm.hpp>
@@ -91,17 +92,7 @@ struct BucketOptions {
 namespace detail {
 
 //! Throws usage_error unless `sizes` is a non-empty, strictly increasing ladder without 0.
-inline void check_ladder(const std::vector<std::size_t>& sizes) {
-  if (sizes.empty()) throw_usage("GraphBuckets: the ladder of batch sizes is empty");
-  if (sizes.front() == 0) throw_usage("GraphBuckets: the ladder contains the batch size 0");
-  for (std::size_t i = 1; i < sizes.size(); ++i) {
-    if (sizes[i] == sizes[i - 1])
-      throw_usage("GraphBuckets: the ladder repeats the batch size " + std::to_string(sizes[i]));
-    if (sizes[i] < sizes[i - 1])
-      throw_usage("GraphBuckets: the ladder is not sorted (" + std::to_string(sizes[i - 1]) + " comes before " +
-                  std::to_string(sizes[i]) + "); list the batch sizes in increasing order");
-  }
-}
+TENSORPLAY_DECL void check_ladder(const std::vector<std::size_t>& sizes);
 
 //! A body of GraphBuckets that builds each bucket as a PiecewiseGraph: body(pieces, size).
 template <class Body>
@@ -529,3 +520,24 @@ class GraphBuckets {
 };
 
 }  // namespace tensorplay
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL void check_ladder(const std::vector<std::size_t>& sizes) {
+  if (sizes.empty()) throw_usage("GraphBuckets: the ladder of batch sizes is empty");
+  if (sizes.front() == 0) throw_usage("GraphBuckets: the ladder contains the batch size 0");
+  for (std::size_t i = 1; i < sizes.size(); ++i) {
+    if (sizes[i] == sizes[i - 1])
+      throw_usage("GraphBuckets: the ladder repeats the batch size " + std::to_string(sizes[i]));
+    if (sizes[i] < sizes[i - 1])
+      throw_usage("GraphBuckets: the ladder is not sorted (" + std::to_string(sizes[i - 1]) + " comes before " +
+                  std::to_string(sizes[i]) + "); list the batch sizes in increasing order");
+  }
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -8,6 +8,7 @@
 // device (thread_local and global modes), so every capture ends before any is compiled.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/graph.hpp>
@@ -67,34 +68,11 @@ class DeviceGroupGraph {
   //! No CUDA call is made here: streams are created at the first capture.
   //! \throws usage_error for an empty list, a repeated or negative device, or a pool in
   //!         `options` (a pool belongs to one device: each graph gets a private one).
-  explicit DeviceGroupGraph(std::vector<int> devices, GraphOptions options = {})
-      : devices_(std::move(devices)) {
-    if (devices_.empty()) detail::throw_usage("DeviceGroupGraph: the device list is empty");
-    if (options.pool)
-      detail::throw_usage("DeviceGroupGraph: GraphOptions::pool must be empty (a pool belongs to one device; each "
-                          "device's graph captures into a private pool of its own)");
-    for (std::size_t i = 0; i < devices_.size(); ++i) {
-      const int device = devices_[i];
-      if (device < 0 || device >= detail::max_devices)
-        detail::throw_usage("DeviceGroupGraph: device " + std::to_string(device) + " is not a device id (0 to " +
-                            std::to_string(detail::max_devices - 1) + ")");
-      for (std::size_t j = 0; j < i; ++j)
-        if (devices_[j] == device)
-          detail::throw_usage("DeviceGroupGraph: device " + std::to_string(device) + " is listed twice");
-    }
-    graphs_.reserve(devices_.size());
-    for (std::size_t i = 0; i < devices_.size(); ++i) graphs_.emplace_back(options);
-  }
+  explicit DeviceGroupGraph(std::vector<int> devices, GraphOptions options = {});
 
   DeviceGroupGraph(DeviceGroupGraph&&) noexcept = default;
   //! Takes `other`'s graphs and streams; what this group held is destroyed (graphs first).
-  DeviceGroupGraph& operator=(DeviceGroupGraph&& other) noexcept {
-    DeviceGroupGraph moved(std::move(other));
-    std::swap(devices_, moved.devices_);
-    std::swap(streams_, moved.streams_);
-    std::swap(graphs_, moved.graphs_);
-    return *this;
-  }
+  DeviceGroupGraph& operator=(DeviceGroupGraph&& other) noexcept;
   DeviceGroupGraph(const DeviceGroupGraph&) = delete;
   DeviceGroupGraph& operator=(const DeviceGroupGraph&) = delete;
   //! Destroys the graphs first (never waiting for replays still running), then the streams.
@@ -122,57 +100,34 @@ class DeviceGroupGraph {
   //! Launches each device's graph, graphs()[i] on streams[i], in the order of devices(); the
   //! host does not wait. streams[i] must belong to devices()[i].
   //! \throws usage_error when streams.size() differs from devices().size(), or before a capture.
-  void replay(std::span<const StreamRef> streams, tensorplay::source_location where = tensorplay::source_location::current()) {
-    require_size("replay", streams.size());
-    require_instantiated("replay");
-    for_each_on_device([&](std::size_t i) { graphs_[i].replay(streams[i], where); }, where);
-  }
+  void replay(std::span<const StreamRef> streams, tensorplay::source_location where = tensorplay::source_location::current());
 
   //! Launches each device's graph on this thread's current stream of its device.
-  void replay(tensorplay::source_location where = tensorplay::source_location::current()) {
-    require_instantiated("replay");
-    for_each_on_device([&](std::size_t i) { graphs_[i].replay(where); }, where);
-  }
+  void replay(tensorplay::source_location where = tensorplay::source_location::current());
 
   //! Abandons open captures, destroys every graph and executable, drops their pools and retained
   //! objects (each lives until the last launch that can use it completes). Never waits.
-  void reset() noexcept {
-    for (Graph& graph : graphs_) graph.reset();
-  }
+  void reset() noexcept;
 
   //! The graph of `device`. \throws usage_error for a device not in the group.
-  [[nodiscard]] Graph& graph(int device) { return graphs_[index_of(device)]; }
-  [[nodiscard]] const Graph& graph(int device) const { return graphs_[index_of(device)]; }
+  [[nodiscard]] Graph& graph(int device);
+  [[nodiscard]] const Graph& graph(int device) const;
 
   //! The devices, in the order given to the constructor.
   [[nodiscard]] const std::vector<int>& devices() const noexcept { return devices_; }
-  [[nodiscard]] std::size_t size() const noexcept { return devices_.size(); }
+  [[nodiscard]] std::size_t size() const noexcept;
 
   //! Position of `device` in devices(). \throws usage_error for a device not in the group.
-  [[nodiscard]] std::size_t index_of(int device) const {
-    for (std::size_t i = 0; i < devices_.size(); ++i)
-      if (devices_[i] == device) return i;
-    detail::throw_usage("DeviceGroupGraph: device " + std::to_string(device) + " is not in this group");
-  }
+  [[nodiscard]] std::size_t index_of(int device) const;
 
   //! The group's own stream for `device` (made on first use): where capture() captures, and a
   //! convenient stream to replay on.
-  [[nodiscard]] StreamRef stream(int device, tensorplay::source_location where = tensorplay::source_location::current()) {
-    return own_streams(where)[index_of(device)];
-  }
+  [[nodiscard]] StreamRef stream(int device, tensorplay::source_location where = tensorplay::source_location::current());
 
   //! True while a capture of the group is open (inside capture()'s body).
-  [[nodiscard]] bool is_capturing() const noexcept {
-    for (const Graph& graph : graphs_)
-      if (graph.is_capturing()) return true;
-    return false;
-  }
+  [[nodiscard]] bool is_capturing() const noexcept;
   //! True once every device's graph has an executable.
-  [[nodiscard]] bool is_instantiated() const noexcept {
-    for (const Graph& graph : graphs_)
-      if (!graph.is_instantiated()) return false;
-    return true;
-  }
+  [[nodiscard]] bool is_instantiated() const noexcept;
 
  private:
   template <class F>
@@ -228,25 +183,11 @@ class DeviceGroupGraph {
     }
   }
 
-  std::vector<StreamRef> own_streams(const tensorplay::source_location& where) {
-    while (streams_.size() < devices_.size()) streams_.emplace_back(devices_[streams_.size()], where);
-    return {streams_.begin(), streams_.end()};
-  }
+  std::vector<StreamRef> own_streams(const tensorplay::source_location& where);
 
-  void require_size(const char* what, std::size_t count) const {
-    if (count != devices_.size())
-      detail::throw_usage(std::string("DeviceGroupGraph::") + what + ": " + std::to_string(count) + " stream(s) for " +
-                          std::to_string(devices_.size()) + " device(s); give one per device, in the order of devices()");
-  }
+  void require_size(const char* what, std::size_t count) const;
 
-  void require_instantiated(const char* what) const {
-    if (is_instantiated()) [[likely]]
-      return;
-    if (is_capturing())
-      detail::throw_usage(std::string("DeviceGroupGraph::") + what + ": the group is still capturing");
-    detail::throw_usage(std::string("DeviceGroupGraph::") + what +
-                        ": nothing has been captured (capture() first, again after a failed capture or reset())");
-  }
+  void require_instantiated(const char* what) const;
 
   std::vector<int> devices_;
   std::vector<Stream> streams_;  // the group's capture streams, made at the first capture
@@ -254,3 +195,101 @@ class DeviceGroupGraph {
 };
 
 }  // namespace tensorplay
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay {
+
+TENSORPLAY_DECL DeviceGroupGraph::DeviceGroupGraph(std::vector<int> devices, GraphOptions options) : devices_(std::move(devices)) {
+  if (devices_.empty()) detail::throw_usage("DeviceGroupGraph: the device list is empty");
+  if (options.pool)
+    detail::throw_usage("DeviceGroupGraph: GraphOptions::pool must be empty (a pool belongs to one device; each "
+                        "device's graph captures into a private pool of its own)");
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    const int device = devices_[i];
+    if (device < 0 || device >= detail::max_devices)
+      detail::throw_usage("DeviceGroupGraph: device " + std::to_string(device) + " is not a device id (0 to " +
+                          std::to_string(detail::max_devices - 1) + ")");
+    for (std::size_t j = 0; j < i; ++j)
+      if (devices_[j] == device)
+        detail::throw_usage("DeviceGroupGraph: device " + std::to_string(device) + " is listed twice");
+  }
+  graphs_.reserve(devices_.size());
+  for (std::size_t i = 0; i < devices_.size(); ++i) graphs_.emplace_back(options);
+}
+
+TENSORPLAY_DECL DeviceGroupGraph& DeviceGroupGraph::operator=(DeviceGroupGraph&& other) noexcept {
+  DeviceGroupGraph moved(std::move(other));
+  std::swap(devices_, moved.devices_);
+  std::swap(streams_, moved.streams_);
+  std::swap(graphs_, moved.graphs_);
+  return *this;
+}
+
+TENSORPLAY_DECL void DeviceGroupGraph::replay(std::span<const StreamRef> streams, tensorplay::source_location where) {
+  require_size("replay", streams.size());
+  require_instantiated("replay");
+  for_each_on_device([&](std::size_t i) { graphs_[i].replay(streams[i], where); }, where);
+}
+
+TENSORPLAY_DECL void DeviceGroupGraph::replay(tensorplay::source_location where) {
+  require_instantiated("replay");
+  for_each_on_device([&](std::size_t i) { graphs_[i].replay(where); }, where);
+}
+
+TENSORPLAY_DECL void DeviceGroupGraph::reset() noexcept {
+  for (Graph& graph : graphs_) graph.reset();
+}
+
+TENSORPLAY_DECL Graph& DeviceGroupGraph::graph(int device) { return graphs_[index_of(device)]; }
+
+TENSORPLAY_DECL const Graph& DeviceGroupGraph::graph(int device) const { return graphs_[index_of(device)]; }
+
+TENSORPLAY_DECL std::size_t DeviceGroupGraph::size() const noexcept { return devices_.size(); }
+
+TENSORPLAY_DECL std::size_t DeviceGroupGraph::index_of(int device) const {
+  for (std::size_t i = 0; i < devices_.size(); ++i)
+    if (devices_[i] == device) return i;
+  detail::throw_usage("DeviceGroupGraph: device " + std::to_string(device) + " is not in this group");
+}
+
+TENSORPLAY_DECL StreamRef DeviceGroupGraph::stream(int device, tensorplay::source_location where) {
+  return own_streams(where)[index_of(device)];
+}
+
+TENSORPLAY_DECL bool DeviceGroupGraph::is_capturing() const noexcept {
+  for (const Graph& graph : graphs_)
+    if (graph.is_capturing()) return true;
+  return false;
+}
+
+TENSORPLAY_DECL bool DeviceGroupGraph::is_instantiated() const noexcept {
+  for (const Graph& graph : graphs_)
+    if (!graph.is_instantiated()) return false;
+  return true;
+}
+
+TENSORPLAY_DECL std::vector<StreamRef> DeviceGroupGraph::own_streams(const tensorplay::source_location& where) {
+  while (streams_.size() < devices_.size()) streams_.emplace_back(devices_[streams_.size()], where);
+  return {streams_.begin(), streams_.end()};
+}
+
+TENSORPLAY_DECL void DeviceGroupGraph::require_size(const char* what, std::size_t count) const {
+  if (count != devices_.size())
+    detail::throw_usage(std::string("DeviceGroupGraph::") + what + ": " + std::to_string(count) + " stream(s) for " +
+                        std::to_string(devices_.size()) + " device(s); give one per device, in the order of devices()");
+}
+
+TENSORPLAY_DECL void DeviceGroupGraph::require_instantiated(const char* what) const {
+  if (is_instantiated()) [[likely]]
+    return;
+  if (is_capturing())
+    detail::throw_usage(std::string("DeviceGroupGraph::") + what + ": the group is still capturing");
+  detail::throw_usage(std::string("DeviceGroupGraph::") + what +
+                      ": nothing has been captured (capture() first, again after a failed capture or reset())");
+}
+
+}  // namespace tensorplay
+#endif  // TENSORPLAY_DEFINE_BODIES

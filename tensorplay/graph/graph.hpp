@@ -9,6 +9,7 @@
 //   retained.hpp             what the graphs and executables keep alive (retain, the pool)
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/driver_api.hpp>
@@ -55,7 +56,7 @@ class ConditionalScope;
 class Graph;
 
 namespace detail {
-inline const ConditionalBodies* recorded_bodies(const Graph& graph) noexcept;  // defined after Graph
+TENSORPLAY_DECL const ConditionalBodies* recorded_bodies(const Graph& graph) noexcept;  // declared again after Graph
 
 //! A file path: std::filesystem::path (native char), std::string, or a C string.
 template <class P>
@@ -86,9 +87,9 @@ const char* path_c_str(const P& path) noexcept {
 //! for replays still running on the GPU.
 class Graph {
  public:
-  Graph() noexcept : Graph(GraphOptions{}) {}
+  Graph() noexcept;
   // (noexcept: a bundle is made only for a given pool, and bad_alloc there ends the program)
-  explicit Graph(GraphOptions options) noexcept : options_(std::move(options)), pool_(options_.pool) { keep_.set_pool(pool_.impl()); }
+  explicit Graph(GraphOptions options) noexcept;
 
   // ---- capture --------------------------------------------------------------------------
 
@@ -97,28 +98,17 @@ class Graph {
   //! \throws usage_error when a capture is open, the graph already holds one (reset() first),
   //!         the stream is already capturing, or the pool cannot be used. Nothing is left
   //!         capturing then, and another capture on the stream is left alone.
-  void capture_begin(const CaptureOptions& options = {}, tensorplay::source_location where = tensorplay::source_location::current()) {
-    if (is_capturing()) detail::throw_usage("capture_begin: this graph is already capturing; call capture_end first");
-    if (exec_.holds_graph())
-      detail::throw_usage("capture_begin: this graph already holds a captured graph; call reset() before capturing again "
-                          "(or update() to capture a new version)");
-    begin_session(options, pool_.impl(), where);
-  }
+  void capture_begin(const CaptureOptions& options = {}, tensorplay::source_location where = tensorplay::source_location::current());
 
   //! Ends the capture and compiles the executable.
   //! \throws usage_error without an open capture or with a conditional body still open;
   //!         cuda_error (with CUDA's status) when the capture was invalidated: the graph and
   //!         the stream are usable afterwards and the graph can capture again.
-  void capture_end(tensorplay::source_location where = tensorplay::source_location::current()) {
-    capture_end(Instantiate::Now, where);
-  }
+  void capture_end(tensorplay::source_location where = tensorplay::source_location::current());
   //! capture_end, compiling now or at instantiate() (Instantiate::Later): for captures that must
   //! all end before any is compiled, as on several devices from one thread, where CUDA refuses
   //! to instantiate while the thread has another capture open.
-  void capture_end(Instantiate when, tensorplay::source_location where = tensorplay::source_location::current()) {
-    end_without_compiling(where);
-    if (when == Instantiate::Now) compile(where);
-  }
+  void capture_end(Instantiate when, tensorplay::source_location where = tensorplay::source_location::current());
 
   //! capture_begin, then body(capture stream) or body(), then capture_end. If the body throws,
   //! the capture is abandoned (no stream is left capturing) and the exception propagates.
@@ -159,43 +149,22 @@ class Graph {
   }
 
   //! Compiles the executable if that has not happened (capture_end does it): otherwise a no-op.
-  void instantiate(tensorplay::source_location where = tensorplay::source_location::current()) {
-    if (exec_.compiled()) return;
-    if (!exec_.holds_graph()) detail::throw_usage("instantiate: nothing has been captured yet");
-    keep_kept(where);
-    compile(where);
-  }
+  void instantiate(tensorplay::source_location where = tensorplay::source_location::current());
 
   // ---- replay ---------------------------------------------------------------------------
 
   //! Launches the graph on this thread's current stream of the graph's device.
-  void replay(tensorplay::source_location where = tensorplay::source_location::current()) {
-    require_executable("replay", where);
-    on_current_stream([&](cudaStream_t stream) { replay(StreamRef(stream), where); }, where);
-  }
+  void replay(tensorplay::source_location where = tensorplay::source_location::current());
 
   //! Launches the graph on `stream` (which must belong to the graph's device). This costs what
   //! cudaGraphLaunch costs. While `stream` is being captured (by another Graph or by raw CUDA
   //! calls), the graph is added to that capture as a child-graph node instead, and the outer
   //! graph keeps what this one needs (its pool, its retained objects) for as long as it lives.
-  void replay(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) {
-    require_executable("replay", where);
-    require_resident("replay");
-    if (detail::stream_is_capturing(stream.get(), where)) [[unlikely]]
-      return add_to_capture(stream.get(), where);
-    exec_.launch(stream.get(), where);
-  }
+  void replay(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current());
 
   //! Abandons an open capture, destroys the graph and executable, and drops the pool reference
   //! and the retained objects (each lives on until the last launch that can use it completes).
-  void reset() noexcept {
-    if (session_) session_->abandon();
-    exec_.reset();
-    keep_.clear();
-    pool_ = options_.pool;
-    keep_.set_pool(pool_.impl());
-    has_conditionals_ = false;
-  }
+  void reset() noexcept;
 
   // ---- lifetime of what the graph uses ----------------------------------------------------
 
@@ -223,18 +192,11 @@ class Graph {
 
   //! The pool this graph captures into: the configured one, the one of its last capture, or
   //! (before any capture) a fresh private pool made now, so that other graphs can share it.
-  [[nodiscard]] Pool pool() const {
-    if (is_capturing()) return Pool(session_->context().pool());
-    if (!pool_) {
-      pool_ = graph_pool_handle();
-      keep_.set_pool(pool_.impl());
-    }
-    return pool_;
-  }
-  [[nodiscard]] PoolId pool_id() const { return pool().id(); }
+  [[nodiscard]] Pool pool() const;
+  [[nodiscard]] PoolId pool_id() const;
 
   //! Makes debug_dump write every node attribute (kernel parameters, handles, ...).
-  void enable_debug_mode() noexcept { debug_ = true; }
+  void enable_debug_mode() noexcept;
 
   //! Writes the captured graph as a DOT file: node types, kernel and conditional parameters
   //! (every attribute after enable_debug_mode). After the first stage_and_launch the graph
@@ -255,36 +217,26 @@ class Graph {
 
   //! Where work is captured right now: the innermost open conditional body, else the capture
   //! stream; a default StreamRef when not capturing.
-  [[nodiscard]] StreamRef capture_stream() const noexcept {
-    if (!is_capturing()) return {};
-    return StreamRef(session_->current(), session_->device());
-  }
-  [[nodiscard]] bool is_capturing() const noexcept { return session_ && session_->is_open(); }
-  [[nodiscard]] bool is_instantiated() const noexcept { return exec_.compiled(); }
+  [[nodiscard]] StreamRef capture_stream() const noexcept;
+  [[nodiscard]] bool is_capturing() const noexcept;
+  [[nodiscard]] bool is_instantiated() const noexcept;
   //! The device of the captured graph; -1 before the first capture ended.
-  [[nodiscard]] int device() const noexcept { return exec_.device(); }
+  [[nodiscard]] int device() const noexcept;
   //! Number of open conditional bodies.
-  [[nodiscard]] std::size_t conditional_depth() const noexcept { return is_capturing() ? session_->depth() : 0; }
+  [[nodiscard]] std::size_t conditional_depth() const noexcept;
 
   //! Number of top-level nodes of the captured graph (the two staging nodes included, once staged).
-  [[nodiscard]] std::size_t node_count(tensorplay::source_location where = tensorplay::source_location::current()) const {
-    if (!exec_.holds_graph()) detail::throw_usage("node_count: no capture has ended yet");
-    std::size_t count = 0;
-    TENSORPLAY_CHECK(cudaGraphGetNodes(exec_.graph(), nullptr, &count), where);
-    return count;
-  }
+  [[nodiscard]] std::size_t node_count(tensorplay::source_location where = tensorplay::source_location::current()) const;
 
   //! The CUDA handles, for calls tensorplay does not wrap (null before capture / instantiation).
-  [[nodiscard]] cudaGraph_t native_graph() const noexcept { return exec_.graph(); }
-  [[nodiscard]] cudaGraphExec_t native_exec() const noexcept { return exec_.get(); }
+  [[nodiscard]] cudaGraph_t native_graph() const noexcept;
+  [[nodiscard]] cudaGraphExec_t native_exec() const noexcept;
 
   //! The device memory the driver took for this graph's executable, the staging nodes included
   //! (they are in the graph); 0 before the executable is compiled and after reset(). Modelled
   //! from the graph, not measured: CUDA reports no memory per executable (docs/design.md,
   //! "Memory", says how close). Walks the graph: not for a replay loop.
-  [[nodiscard]] std::size_t executable_bytes(tensorplay::source_location where = tensorplay::source_location::current()) const {
-    return exec_.bytes(where);
-  }
+  [[nodiscard]] std::size_t executable_bytes(tensorplay::source_location where = tensorplay::source_location::current()) const;
 
   // ---- conditional nodes, imperative form -------------------------------------------------
 
@@ -315,10 +267,7 @@ class Graph {
   }
 
   //! Closes the innermost conditional body; capture continues on its parent stream.
-  void end_capture_to_conditional_node(tensorplay::source_location where = tensorplay::source_location::current()) {
-    require_open_body("end_capture_to_conditional_node", where);
-    detail::close_body(*session_, where);
-  }
+  void end_capture_to_conditional_node(tensorplay::source_location where = tensorplay::source_location::current());
 
   // ---- conditional nodes, lambda form --------------------------------------------------------
 
@@ -409,30 +358,15 @@ class Graph {
 
   // capture_end without compiling (instantiate() compiles later): for captures that must all
   // end before any is compiled (DeviceGroupGraph), or whose graphs share one executable.
-  void end_without_compiling(const tensorplay::source_location& where) {
-    rethrow_deferred();
-    require_open_capture("capture_end", where);
-    detail::CapturedGraph captured = end_session(where);
-    mode_ = from_cuda(captured.mode);
-    has_conditionals_ = captured.conditionals;
-    exec_.hold(std::move(captured.graph), captured.device, keep_.needed(), std::move(captured.conditional_bodies));
-  }
+  void end_without_compiling(const tensorplay::source_location& where);
 
   // What a ConditionalScope's destructor could not throw: the capture is abandoned and the error
   // thrown by capture_end or update (found by the model test: update() used to drop it, and the
   // update succeeded without the failed body).
-  void rethrow_deferred() {
-    if (deferred_error_ && is_capturing()) {
-      session_->abandon();
-      std::rethrow_exception(std::exchange(deferred_error_, nullptr));
-    }
-    deferred_error_ = nullptr;  // kept by a capture abandoned since, whose error was thrown then
-  }
+  void rethrow_deferred();
 
   // A ConditionalScope could not close its body (in its destructor): capture_end rethrows.
-  void defer_error(std::exception_ptr error) noexcept {
-    if (!deferred_error_) deferred_error_ = std::move(error);
-  }
+  void defer_error(std::exception_ptr error) noexcept;
 
   // A ConditionalScope's end: closes the bodies opened inside it and left open, runs `refresh`
   // (a WhileScope re-reads its predicate), then closes the scope's own body at `depth`. Never
@@ -458,72 +392,27 @@ class Graph {
 
   // An offloaded pool (Pool::offload) has no device memory behind its addresses. One relaxed
   // load on the replay path (PoolImpl::offloaded).
-  void require_resident(const char* what) const {
-    if (const auto& pool = pool_.impl(); pool && pool->offloaded()) [[unlikely]]
-      pool->require_resident(what);
-  }
+  void require_resident(const char* what) const;
 
   // ---- capture internals ----------------------------------------------------------------
 
-  void begin_session(const CaptureOptions& options, std::shared_ptr<detail::PoolImpl> pool, const tensorplay::source_location& where) {
-    int device = 0;
-    cudaStream_t stream = nullptr;
-    if (options.stream) {
-      device = options.stream->device(where);
-      stream = options.stream->get();
-    } else {
-      device = detail::current_device(where);
-      stream = current_stream(device);
-    }
-    if (stream == nullptr || stream == cudaStreamLegacy) stream = detail::side_stream(device, where);
-    if (options.pool) pool = options.pool->impl();
-    if (pool) {
-      pool->require_resident("capture_begin");
-      if (pool->kind() != detail::PoolImpl::Kind::Graph)
-        detail::throw_usage("capture_begin: a device's default pool cannot hold a graph's memory; use graph_pool_handle()");
-      if (pool->device() != device)
-        detail::throw_usage("capture_begin: the pool belongs to device " + std::to_string(pool->device()) +
-                            ", the capture stream to device " + std::to_string(device));
-    }
-    const cudaStreamCaptureMode mode = detail::to_cuda(options.capture_error_mode.value_or(options_.capture_error_mode));
-    if (!session_) session_ = std::make_unique<detail::CaptureSession>();  // kept: no allocation per capture
-    session_->begin(stream, device, mode, std::move(pool), where);
-    deferred_error_ = nullptr;
-  }
+  void begin_session(const CaptureOptions& options, std::shared_ptr<detail::PoolImpl> pool, const tensorplay::source_location& where);
 
   // Ends the open session and returns what it captured (given the Graph's keep-alive bundle when
   // that holds objects). A capture that allocated into a pool the Graph does not hold (its first
   // capture, with CaptureOptions::pool or not, or an update of a graph whose captures allocated
   // nothing so far) gives the Graph that pool: the executable's memory then lives as long as the
   // Graph.
-  detail::CapturedGraph end_session(const tensorplay::source_location& where) {
-    detail::CapturedGraph captured = session_->end(where);
-    if (captured.pool && captured.pool != pool_.impl()) {  // CaptureOptions::pool of a first capture, too
-      pool_ = Pool(captured.pool);
-      keep_.set_pool(captured.pool);
-    }
-    if (keep_.needed()) keep_.retain_on(captured.graph.get(), where);
-    return captured;
-  }
+  detail::CapturedGraph end_session(const tensorplay::source_location& where);
 
   // Once the Graph retained an object, the graph it runs and its executable hold the keep-alive
   // bundle: given to the graph, and compiled again if the executable was compiled without it.
-  void keep_kept(const tensorplay::source_location& where) {
-    if (!exec_.holds_graph() || !keep_.needed()) return;
-    if (!exec_.graph_keeps()) {
-      keep_.retain_on(exec_.graph(), where);
-      exec_.graph_now_keeps();
-    }
-    if (exec_.compiled() && !exec_.exec_keeps()) exec_.compile(std::nullopt, where);
-  }
+  void keep_kept(const tensorplay::source_location& where);
 
-  void compile(const tensorplay::source_location& where) { exec_.compile(upload_stream(), where); }
+  void compile(const tensorplay::source_location& where);
 
   // Where a new executable is uploaded: GraphOptions::upload, on the stream captured last.
-  [[nodiscard]] std::optional<cudaStream_t> upload_stream() const noexcept {
-    if (!options_.upload) return std::nullopt;
-    return session_ ? session_->origin() : nullptr;
-  }
+  [[nodiscard]] std::optional<cudaStream_t> upload_stream() const noexcept;
 
   static constexpr CaptureErrorMode from_cuda(cudaStreamCaptureMode mode) noexcept {
     switch (mode) {
@@ -560,26 +449,9 @@ class Graph {
     detail::close_body(*session_, where);
   }
 
-  void require_open_capture(const char* what, const tensorplay::source_location&) const {
-    if (is_capturing()) return;
-    if (session_ && session_->how_ended() == detail::CaptureEnd::StreamDestroyed)
-      detail::throw_usage(std::string(what) + ": the capture was abandoned because its stream was destroyed; capture again");
-    if (session_ && session_->how_ended() == detail::CaptureEnd::Abandoned)
-      detail::throw_usage(std::string(what) + ": the capture was abandoned after an error inside it; capture again");
-    detail::throw_usage(std::string(what) + ": no capture is open on this graph (call capture_begin first)");
-  }
-  void require_open_body(const char* what, const tensorplay::source_location& where) const {
-    require_open_capture(what, where);
-    if (session_->depth() == 0) detail::throw_usage(std::string(what) + ": no conditional body is open");
-  }
-  void require_executable(const char* what, const tensorplay::source_location&) const {
-    if (!exec_.compiled()) [[unlikely]] {
-      if (is_capturing()) detail::throw_usage(std::string(what) + ": the graph is still capturing; call capture_end first");
-      if (exec_.holds_graph()) detail::throw_usage(std::string(what) + ": the graph has no executable (its instantiation failed); "
-                                                                       "call instantiate() or capture again");
-      detail::throw_usage(std::string(what) + ": nothing has been captured (call capture_begin/capture_end or capture first)");
-    }
-  }
+  void require_open_capture(const char* what, const tensorplay::source_location&) const;
+  void require_open_body(const char* what, const tensorplay::source_location& where) const;
+  void require_executable(const char* what, const tensorplay::source_location&) const;
 
   // Calls f(stream) with this thread's current stream of the graph's device. The legacy default
   // stream (null) belongs to whatever device is current: the graph's device is made current for it.
@@ -597,23 +469,7 @@ class Graph {
   // replay(stream) while `stream` captures: a child-graph node in that capture. The capture's
   // graph (for a conditional body, the graph of the capture holding it) gets the keep-alive
   // bundle, so that this graph's pool and retained objects live as long as the outer graph.
-  void add_to_capture(cudaStream_t stream, const tensorplay::source_location& where) {
-    if (has_conditionals_)
-      detail::throw_usage("replay: the stream is being captured, and this graph holds conditional nodes, which CUDA "
-                          "does not allow in a child graph; replay it outside the capture, or capture its work "
-                          "into the outer graph directly");
-    keep_.retain_on_capture(stream, where);  // checks that the capture is still active
-    detail::CaptureInfo info;
-    TENSORPLAY_CHECK(detail::get_capture_info(stream, info), where);
-    if (info.status != cudaStreamCaptureStatusActive)
-      detail::throw_capture_failure_on(cudaErrorStreamCaptureInvalidated, "replay into a capture (the capture was invalidated earlier)",
-                                       stream, where);
-    cudaGraphNode_t node = nullptr;
-    TENSORPLAY_CHECK(cudaGraphAddChildGraphNode(&node, info.graph, info.dependencies, info.dependency_count, exec_.graph()),
-                     where);
-    TENSORPLAY_CHECK(detail::set_capture_dependencies(stream, &node, 1), where);
-    detail::note_conditional_node();  // RandomState: draws after this child graph start a new segment
-  }
+  void add_to_capture(cudaStream_t stream, const tensorplay::source_location& where);
 
   // Hot member first: replay reads exec_ only.
   detail::Executable exec_;
@@ -632,7 +488,236 @@ namespace detail {
 //! The bodies of the conditional nodes of the graph `graph` holds, which CUDA cannot list from
 //! the node: what GraphBuckets::estimate needs of a Graph beyond its public API (the
 //! executable-memory model, detail/exec_memory.hpp; graph/detail/bucket_memory.hpp).
-inline const ConditionalBodies* recorded_bodies(const Graph& graph) noexcept { return &graph.exec_.bodies(); }
+TENSORPLAY_DECL const ConditionalBodies* recorded_bodies(const Graph& graph) noexcept;
 
 }  // namespace detail
 }  // namespace tensorplay
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay {
+
+TENSORPLAY_DECL Graph::Graph() noexcept : Graph(GraphOptions{}) {}
+
+TENSORPLAY_DECL Graph::Graph(GraphOptions options) noexcept : options_(std::move(options)), pool_(options_.pool) { keep_.set_pool(pool_.impl()); }
+
+TENSORPLAY_DECL void Graph::capture_begin(const CaptureOptions& options, tensorplay::source_location where) {
+  if (is_capturing()) detail::throw_usage("capture_begin: this graph is already capturing; call capture_end first");
+  if (exec_.holds_graph())
+    detail::throw_usage("capture_begin: this graph already holds a captured graph; call reset() before capturing again "
+                        "(or update() to capture a new version)");
+  begin_session(options, pool_.impl(), where);
+}
+
+TENSORPLAY_DECL void Graph::capture_end(tensorplay::source_location where) {
+  capture_end(Instantiate::Now, where);
+}
+
+TENSORPLAY_DECL void Graph::capture_end(Instantiate when, tensorplay::source_location where) {
+  end_without_compiling(where);
+  if (when == Instantiate::Now) compile(where);
+}
+
+TENSORPLAY_DECL void Graph::instantiate(tensorplay::source_location where) {
+  if (exec_.compiled()) return;
+  if (!exec_.holds_graph()) detail::throw_usage("instantiate: nothing has been captured yet");
+  keep_kept(where);
+  compile(where);
+}
+
+TENSORPLAY_DECL void Graph::replay(tensorplay::source_location where) {
+  require_executable("replay", where);
+  on_current_stream([&](cudaStream_t stream) { replay(StreamRef(stream), where); }, where);
+}
+
+TENSORPLAY_DECL void Graph::replay(StreamRef stream, tensorplay::source_location where) {
+  require_executable("replay", where);
+  require_resident("replay");
+  if (detail::stream_is_capturing(stream.get(), where)) [[unlikely]]
+    return add_to_capture(stream.get(), where);
+  exec_.launch(stream.get(), where);
+}
+
+TENSORPLAY_DECL void Graph::reset() noexcept {
+  if (session_) session_->abandon();
+  exec_.reset();
+  keep_.clear();
+  pool_ = options_.pool;
+  keep_.set_pool(pool_.impl());
+  has_conditionals_ = false;
+}
+
+TENSORPLAY_DECL Pool Graph::pool() const {
+  if (is_capturing()) return Pool(session_->context().pool());
+  if (!pool_) {
+    pool_ = graph_pool_handle();
+    keep_.set_pool(pool_.impl());
+  }
+  return pool_;
+}
+
+TENSORPLAY_DECL PoolId Graph::pool_id() const { return pool().id(); }
+
+TENSORPLAY_DECL void Graph::enable_debug_mode() noexcept { debug_ = true; }
+
+TENSORPLAY_DECL StreamRef Graph::capture_stream() const noexcept {
+  if (!is_capturing()) return {};
+  return StreamRef(session_->current(), session_->device());
+}
+
+TENSORPLAY_DECL bool Graph::is_capturing() const noexcept { return session_ && session_->is_open(); }
+
+TENSORPLAY_DECL bool Graph::is_instantiated() const noexcept { return exec_.compiled(); }
+
+TENSORPLAY_DECL int Graph::device() const noexcept { return exec_.device(); }
+
+TENSORPLAY_DECL std::size_t Graph::conditional_depth() const noexcept { return is_capturing() ? session_->depth() : 0; }
+
+TENSORPLAY_DECL std::size_t Graph::node_count(tensorplay::source_location where) const {
+  if (!exec_.holds_graph()) detail::throw_usage("node_count: no capture has ended yet");
+  std::size_t count = 0;
+  TENSORPLAY_CHECK(cudaGraphGetNodes(exec_.graph(), nullptr, &count), where);
+  return count;
+}
+
+TENSORPLAY_DECL cudaGraph_t Graph::native_graph() const noexcept { return exec_.graph(); }
+
+TENSORPLAY_DECL cudaGraphExec_t Graph::native_exec() const noexcept { return exec_.get(); }
+
+TENSORPLAY_DECL std::size_t Graph::executable_bytes(tensorplay::source_location where) const {
+  return exec_.bytes(where);
+}
+
+TENSORPLAY_DECL void Graph::end_capture_to_conditional_node(tensorplay::source_location where) {
+  require_open_body("end_capture_to_conditional_node", where);
+  detail::close_body(*session_, where);
+}
+
+TENSORPLAY_DECL void Graph::end_without_compiling(const tensorplay::source_location& where) {
+  rethrow_deferred();
+  require_open_capture("capture_end", where);
+  detail::CapturedGraph captured = end_session(where);
+  mode_ = from_cuda(captured.mode);
+  has_conditionals_ = captured.conditionals;
+  exec_.hold(std::move(captured.graph), captured.device, keep_.needed(), std::move(captured.conditional_bodies));
+}
+
+TENSORPLAY_DECL void Graph::rethrow_deferred() {
+  if (deferred_error_ && is_capturing()) {
+    session_->abandon();
+    std::rethrow_exception(std::exchange(deferred_error_, nullptr));
+  }
+  deferred_error_ = nullptr;  // kept by a capture abandoned since, whose error was thrown then
+}
+
+TENSORPLAY_DECL void Graph::defer_error(std::exception_ptr error) noexcept {
+  if (!deferred_error_) deferred_error_ = std::move(error);
+}
+
+TENSORPLAY_DECL void Graph::require_resident(const char* what) const {
+  if (const auto& pool = pool_.impl(); pool && pool->offloaded()) [[unlikely]]
+    pool->require_resident(what);
+}
+
+TENSORPLAY_DECL void Graph::begin_session(const CaptureOptions& options, std::shared_ptr<detail::PoolImpl> pool, const tensorplay::source_location& where) {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  if (options.stream) {
+    device = options.stream->device(where);
+    stream = options.stream->get();
+  } else {
+    device = detail::current_device(where);
+    stream = current_stream(device);
+  }
+  if (stream == nullptr || stream == cudaStreamLegacy) stream = detail::side_stream(device, where);
+  if (options.pool) pool = options.pool->impl();
+  if (pool) {
+    pool->require_resident("capture_begin");
+    if (pool->kind() != detail::PoolImpl::Kind::Graph)
+      detail::throw_usage("capture_begin: a device's default pool cannot hold a graph's memory; use graph_pool_handle()");
+    if (pool->device() != device)
+      detail::throw_usage("capture_begin: the pool belongs to device " + std::to_string(pool->device()) +
+                          ", the capture stream to device " + std::to_string(device));
+  }
+  const cudaStreamCaptureMode mode = detail::to_cuda(options.capture_error_mode.value_or(options_.capture_error_mode));
+  if (!session_) session_ = std::make_unique<detail::CaptureSession>();  // kept: no allocation per capture
+  session_->begin(stream, device, mode, std::move(pool), where);
+  deferred_error_ = nullptr;
+}
+
+TENSORPLAY_DECL detail::CapturedGraph Graph::end_session(const tensorplay::source_location& where) {
+  detail::CapturedGraph captured = session_->end(where);
+  if (captured.pool && captured.pool != pool_.impl()) {  // CaptureOptions::pool of a first capture, too
+    pool_ = Pool(captured.pool);
+    keep_.set_pool(captured.pool);
+  }
+  if (keep_.needed()) keep_.retain_on(captured.graph.get(), where);
+  return captured;
+}
+
+TENSORPLAY_DECL void Graph::keep_kept(const tensorplay::source_location& where) {
+  if (!exec_.holds_graph() || !keep_.needed()) return;
+  if (!exec_.graph_keeps()) {
+    keep_.retain_on(exec_.graph(), where);
+    exec_.graph_now_keeps();
+  }
+  if (exec_.compiled() && !exec_.exec_keeps()) exec_.compile(std::nullopt, where);
+}
+
+TENSORPLAY_DECL void Graph::compile(const tensorplay::source_location& where) { exec_.compile(upload_stream(), where); }
+
+TENSORPLAY_DECL std::optional<cudaStream_t> Graph::upload_stream() const noexcept {
+  if (!options_.upload) return std::nullopt;
+  return session_ ? session_->origin() : nullptr;
+}
+
+TENSORPLAY_DECL void Graph::require_open_capture(const char* what, const tensorplay::source_location&) const {
+  if (is_capturing()) return;
+  if (session_ && session_->how_ended() == detail::CaptureEnd::StreamDestroyed)
+    detail::throw_usage(std::string(what) + ": the capture was abandoned because its stream was destroyed; capture again");
+  if (session_ && session_->how_ended() == detail::CaptureEnd::Abandoned)
+    detail::throw_usage(std::string(what) + ": the capture was abandoned after an error inside it; capture again");
+  detail::throw_usage(std::string(what) + ": no capture is open on this graph (call capture_begin first)");
+}
+
+TENSORPLAY_DECL void Graph::require_open_body(const char* what, const tensorplay::source_location& where) const {
+  require_open_capture(what, where);
+  if (session_->depth() == 0) detail::throw_usage(std::string(what) + ": no conditional body is open");
+}
+
+TENSORPLAY_DECL void Graph::require_executable(const char* what, const tensorplay::source_location&) const {
+  if (!exec_.compiled()) [[unlikely]] {
+    if (is_capturing()) detail::throw_usage(std::string(what) + ": the graph is still capturing; call capture_end first");
+    if (exec_.holds_graph()) detail::throw_usage(std::string(what) + ": the graph has no executable (its instantiation failed); "
+                                                                     "call instantiate() or capture again");
+    detail::throw_usage(std::string(what) + ": nothing has been captured (call capture_begin/capture_end or capture first)");
+  }
+}
+
+TENSORPLAY_DECL void Graph::add_to_capture(cudaStream_t stream, const tensorplay::source_location& where) {
+  if (has_conditionals_)
+    detail::throw_usage("replay: the stream is being captured, and this graph holds conditional nodes, which CUDA "
+                        "does not allow in a child graph; replay it outside the capture, or capture its work "
+                        "into the outer graph directly");
+  keep_.retain_on_capture(stream, where);  // checks that the capture is still active
+  detail::CaptureInfo info;
+  TENSORPLAY_CHECK(detail::get_capture_info(stream, info), where);
+  if (info.status != cudaStreamCaptureStatusActive)
+    detail::throw_capture_failure_on(cudaErrorStreamCaptureInvalidated, "replay into a capture (the capture was invalidated earlier)",
+                                     stream, where);
+  cudaGraphNode_t node = nullptr;
+  TENSORPLAY_CHECK(cudaGraphAddChildGraphNode(&node, info.graph, info.dependencies, info.dependency_count, exec_.graph()),
+                   where);
+  TENSORPLAY_CHECK(detail::set_capture_dependencies(stream, &node, 1), where);
+  detail::note_conditional_node();  // RandomState: draws after this child graph start a new segment
+}
+}  // namespace tensorplay
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL const ConditionalBodies* recorded_bodies(const Graph& graph) noexcept { return &graph.exec_.bodies(); }
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -2,6 +2,7 @@
 // the result of Graph::update.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/pool.hpp>
 #include <tensorplay/stream.hpp>
@@ -24,13 +25,7 @@ namespace tensorplay {
 enum class CaptureErrorMode { Global, ThreadLocal, Relaxed };
 
 //! "global" | "thread_local" | "relaxed"; anything else throws usage_error.
-[[nodiscard]] inline CaptureErrorMode capture_error_mode_from_string(std::string_view text) {
-  if (text == "global") return CaptureErrorMode::Global;
-  if (text == "thread_local") return CaptureErrorMode::ThreadLocal;
-  if (text == "relaxed") return CaptureErrorMode::Relaxed;
-  detail::throw_usage("capture_error_mode_from_string: unknown mode \"" + std::string(text) +
-                      "\" (expected \"global\", \"thread_local\" or \"relaxed\")");
-}
+[[nodiscard]] TENSORPLAY_DECL CaptureErrorMode capture_error_mode_from_string(std::string_view text);
 
 [[nodiscard]] constexpr std::string_view to_string(CaptureErrorMode mode) noexcept {
   switch (mode) {
@@ -156,3 +151,20 @@ constexpr cudaStreamCaptureMode to_cuda(CaptureErrorMode mode) noexcept {
 
 }  // namespace detail
 }  // namespace tensorplay
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay {
+
+TENSORPLAY_DECL CaptureErrorMode capture_error_mode_from_string(std::string_view text) {
+  if (text == "global") return CaptureErrorMode::Global;
+  if (text == "thread_local") return CaptureErrorMode::ThreadLocal;
+  if (text == "relaxed") return CaptureErrorMode::Relaxed;
+  detail::throw_usage("capture_error_mode_from_string: unknown mode \"" + std::string(text) +
+                      "\" (expected \"global\", \"thread_local\" or \"relaxed\")");
+}
+
+}  // namespace tensorplay
+#endif  // TENSORPLAY_DEFINE_BODIES

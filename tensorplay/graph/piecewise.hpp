@@ -7,6 +7,7 @@
 // uncapturable parts as steps it calls at every replay, in the order they were appended.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/detail/conditional_builder.hpp>
 #include <tensorplay/graph/graph.hpp>
@@ -120,30 +121,16 @@ class PiecewiseGraph {
   //! Replays every segment and runs every step, in the order appended, on `stream`.
   //! \throws usage_error when nothing was appended; whatever a step throws (the pieces after
   //!         it do not run then).
-  void replay(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) {
-    if (pieces_.empty()) detail::throw_usage("PiecewiseGraph::replay: nothing was appended (call capture or eager first)");
-    for (Piece& piece : pieces_) {
-      if (piece.step) piece.step->run(stream);
-      else piece.graph.replay(stream, where);
-    }
-  }
+  void replay(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current());
 
   //! The modelled device memory of every segment's executable (Graph::executable_bytes).
-  [[nodiscard]] std::size_t executable_bytes(tensorplay::source_location where = tensorplay::source_location::current()) const {
-    std::size_t bytes = 0;
-    for (const Piece& piece : pieces_)
-      if (!piece.step) bytes += piece.graph.executable_bytes(where);
-    return bytes;
-  }
+  [[nodiscard]] std::size_t executable_bytes(tensorplay::source_location where = tensorplay::source_location::current()) const;
 
   //! Captured segments plus eager steps.
   [[nodiscard]] std::size_t segments() const noexcept { return count_; }
 
   //! The pool every segment captures into: GraphOptions::pool, else one made on first need.
-  [[nodiscard]] Pool pool() const {
-    if (!pool_) pool_ = options_.pool ? options_.pool : graph_pool_handle();
-    return pool_;
-  }
+  [[nodiscard]] Pool pool() const;
 
  private:
   friend struct detail::PiecewiseAccess;
@@ -166,12 +153,46 @@ namespace detail {
 struct PiecewiseAccess {
   //! A PiecewiseGraph that runs each segment's body and each step at once, on `stream`, and
   //! keeps nothing: a piecewise body run eagerly (above the ladder) without capturing it.
-  static PiecewiseGraph immediate(StreamRef stream) {
-    PiecewiseGraph pieces;
-    pieces.immediate_ = stream;
-    return pieces;
-  }
+  static PiecewiseGraph immediate(StreamRef stream);
 };
 
 }  // namespace detail
 }  // namespace tensorplay
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay {
+
+TENSORPLAY_DECL void PiecewiseGraph::replay(StreamRef stream, tensorplay::source_location where) {
+  if (pieces_.empty()) detail::throw_usage("PiecewiseGraph::replay: nothing was appended (call capture or eager first)");
+  for (Piece& piece : pieces_) {
+    if (piece.step) piece.step->run(stream);
+    else piece.graph.replay(stream, where);
+  }
+}
+
+TENSORPLAY_DECL std::size_t PiecewiseGraph::executable_bytes(tensorplay::source_location where) const {
+  std::size_t bytes = 0;
+  for (const Piece& piece : pieces_)
+    if (!piece.step) bytes += piece.graph.executable_bytes(where);
+  return bytes;
+}
+
+TENSORPLAY_DECL Pool PiecewiseGraph::pool() const {
+  if (!pool_) pool_ = options_.pool ? options_.pool : graph_pool_handle();
+  return pool_;
+}
+}  // namespace tensorplay
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL PiecewiseGraph PiecewiseAccess::immediate(StreamRef stream) {
+  PiecewiseGraph pieces;
+  pieces.immediate_ = stream;
+  return pieces;
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -12,6 +12,7 @@
 // to CUDA before estimate returns.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/exec_memory.hpp>
 #include <tensorplay/detail/graph_topology.hpp>
@@ -47,15 +48,13 @@ namespace tensorplay {
 struct MemoryEstimate {
   std::size_t pool_bytes = 0;        //!< device memory the pool will hold (sharing counted once)
   std::size_t executable_bytes = 0;  //!< device memory the driver takes for the executables (modelled)
-  [[nodiscard]] std::size_t total_bytes() const noexcept { return pool_bytes + executable_bytes; }
+  [[nodiscard]] std::size_t total_bytes() const noexcept;
 };
 
 namespace detail {
 
 //! The modelled bytes of the executable of the graph `graph` holds, compiled or not.
-inline std::size_t held_graph_bytes(const Graph& graph, const tensorplay::source_location& where) {
-  return modelled_exec_bytes(graph.native_graph(), recorded_bodies(graph), where);
-}
+TENSORPLAY_DECL std::size_t held_graph_bytes(const Graph& graph, const tensorplay::source_location& where);
 
 //! The executable bytes one captured bucket holds now: a Graph's executable, or a PiecewiseGraph's
 //! segments once it reports them.
@@ -70,32 +69,8 @@ std::size_t unit_executable_bytes(const Unit& unit, const tensorplay::source_loc
 //! What cudaGraphExecUpdate needs to be equal between two graphs, as a sequence of numbers:
 //! node types in creation order, edges between creation indices, child graphs and conditional
 //! bodies likewise. Graphs with equal topologies share one executable (share_executables).
-inline void append_topology(cudaGraph_t graph, const ConditionalBodies* bodies, std::vector<std::uint64_t>& out,
-                            const tensorplay::source_location& where) {
-  const GraphTopology topology(graph, where);
-  out.push_back(topology.nodes.size());
-  for (cudaGraphNode_t node : topology.nodes) {
-    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
-    TENSORPLAY_CHECK(cudaGraphNodeGetType(node, &type), where);
-    out.push_back(static_cast<std::uint64_t>(type));
-    if (type == cudaGraphNodeTypeGraph) {
-      cudaGraph_t child = nullptr;
-      TENSORPLAY_CHECK(cudaGraphChildGraphNodeGetGraph(node, &child), where);
-      append_topology(child, bodies, out, where);
-    } else if (type == cudaGraphNodeTypeConditional && bodies != nullptr) {
-      const auto of = bodies->of(node);
-      out.push_back(of.size());
-      for (cudaGraph_t body : of) append_topology(body, bodies, out, where);
-    }
-  }
-  const std::size_t edges = topology.edge_count();
-  std::vector<std::uint64_t> pairs(edges);
-  for (std::size_t e = 0; e < edges; ++e)
-    pairs[e] = (std::uint64_t{topology.index_of(topology.from[e])} << 32) | topology.index_of(topology.to[e]);
-  sort_range(pairs.data(), pairs.size());
-  out.push_back(edges);
-  out.insert(out.end(), pairs.begin(), pairs.end());
-}
+TENSORPLAY_DECL void append_topology(cudaGraph_t graph, const ConditionalBodies* bodies, std::vector<std::uint64_t>& out,
+                            const tensorplay::source_location& where);
 
 //! A graph pool made for one estimate. Its memory goes back to CUDA when it is released, on this
 //! thread: the throwaway graphs' keep-alive bundles (graph/detail/retained.hpp) hold the pool until CUDA
@@ -103,25 +78,14 @@ inline void append_topology(cudaGraph_t graph, const ConditionalBodies* bodies, 
 //! a quarter of a second (a body that keeps a tensor it allocated keeps the pool longer).
 class ScratchPool {
  public:
-  ScratchPool(int device, const tensorplay::source_location& where) {
-    DeviceGuard on_device(device, where);
-    pool_ = graph_pool_handle(where);
-  }
+  ScratchPool(int device, const tensorplay::source_location& where);
   ScratchPool(const ScratchPool&) = delete;
   ScratchPool& operator=(const ScratchPool&) = delete;
-  ~ScratchPool() { release(); }
+  ~ScratchPool();
 
   [[nodiscard]] const Pool& pool() const noexcept { return pool_; }
 
-  void release() noexcept {
-    for (int i = 0; i < 500 && pool_.use_count() > 1; ++i) {
-      Reaper::instance().drain();
-      if (pool_.use_count() <= 1) break;
-      const timespec half_ms{0, 500000};
-      (void)::nanosleep(&half_ms, nullptr);
-    }
-    pool_ = Pool();
-  }
+  void release() noexcept;
 
  private:
   Pool pool_;
@@ -206,3 +170,65 @@ MemoryEstimate held_ladder_memory(const Pool& pool, const Buckets& buckets, cons
 
 }  // namespace detail
 }  // namespace tensorplay
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay {
+
+TENSORPLAY_DECL std::size_t MemoryEstimate::total_bytes() const noexcept { return pool_bytes + executable_bytes; }
+}  // namespace tensorplay
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL std::size_t held_graph_bytes(const Graph& graph, const tensorplay::source_location& where) {
+  return modelled_exec_bytes(graph.native_graph(), recorded_bodies(graph), where);
+}
+
+TENSORPLAY_DECL void append_topology(cudaGraph_t graph, const ConditionalBodies* bodies, std::vector<std::uint64_t>& out,
+    const tensorplay::source_location& where) {
+  const GraphTopology topology(graph, where);
+  out.push_back(topology.nodes.size());
+  for (cudaGraphNode_t node : topology.nodes) {
+    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+    TENSORPLAY_CHECK(cudaGraphNodeGetType(node, &type), where);
+    out.push_back(static_cast<std::uint64_t>(type));
+    if (type == cudaGraphNodeTypeGraph) {
+      cudaGraph_t child = nullptr;
+      TENSORPLAY_CHECK(cudaGraphChildGraphNodeGetGraph(node, &child), where);
+      append_topology(child, bodies, out, where);
+    } else if (type == cudaGraphNodeTypeConditional && bodies != nullptr) {
+      const auto of = bodies->of(node);
+      out.push_back(of.size());
+      for (cudaGraph_t body : of) append_topology(body, bodies, out, where);
+    }
+  }
+  const std::size_t edges = topology.edge_count();
+  std::vector<std::uint64_t> pairs(edges);
+  for (std::size_t e = 0; e < edges; ++e)
+    pairs[e] = (std::uint64_t{topology.index_of(topology.from[e])} << 32) | topology.index_of(topology.to[e]);
+  sort_range(pairs.data(), pairs.size());
+  out.push_back(edges);
+  out.insert(out.end(), pairs.begin(), pairs.end());
+}
+
+TENSORPLAY_DECL ScratchPool::ScratchPool(int device, const tensorplay::source_location& where) {
+  DeviceGuard on_device(device, where);
+  pool_ = graph_pool_handle(where);
+}
+
+TENSORPLAY_DECL ScratchPool::~ScratchPool() { release(); }
+
+TENSORPLAY_DECL void ScratchPool::release() noexcept {
+  for (int i = 0; i < 500 && pool_.use_count() > 1; ++i) {
+    Reaper::instance().drain();
+    if (pool_.use_count() <= 1) break;
+    const timespec half_ms{0, 500000};
+    (void)::nanosleep(&half_ms, nullptr);
+  }
+  pool_ = Pool();
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

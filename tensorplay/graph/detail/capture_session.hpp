@@ -9,6 +9,7 @@
 // closed body's work is moved into its node then (conditional_builder.hpp).
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/exec_memory.hpp>
 #include <tensorplay/detail/capture_context.hpp>
 #include <tensorplay/detail/capture_doctor.hpp>
@@ -64,72 +65,22 @@ class CaptureSession final : public CaptureOwner {
   CaptureSession(const CaptureSession&) = delete;
   CaptureSession& operator=(const CaptureSession&) = delete;
   //! Abandons a capture still open: no stream is left capturing.
-  ~CaptureSession() { abandon(); }
+  ~CaptureSession();
 
   //! Begins capturing on `stream`. On any throw nothing is capturing and nothing is registered.
   //! \throws usage_error when `stream` already captures (checked before CUDA is asked: a
   //!         refused cudaStreamBeginCapture would invalidate the other capture), or `pool` is
   //!         busy with another capture; cuda_error when CUDA refuses.
   void begin(cudaStream_t stream, int device, cudaStreamCaptureMode mode, std::shared_ptr<PoolImpl> pool,
-             const tensorplay::source_location& where) {
-    if (stream_is_capturing(stream, where))
-      throw_usage("capture_begin: the stream is already being captured (nested captures need their own stream)");
-    // The library's own kernels (conditional nodes, staging) are loaded now, while no capture is
-    // open, if they were not yet: loading them synchronises the device, which invalidates
-    // captures on other threads, thread-local ones included (memcheck run 32 of thread_test saw
-    // one invalidated when the first if_ of one thread loaded them). After the first time this is
-    // one atomic load. A failure here is left for the first use of the kernels to report.
-    if (!KernelLibrary::ready_on(device) && !CaptureRegistry::instance().any_open()) {
-      try {
-        (void)KernelLibrary::on(device, where);
-      } catch (const cuda_error&) {
-        (void)cudaGetLastError();
-      }
-    }
-    if (const cudaError_t status = begin_capture(stream, mode); status != cudaSuccess)
-      throw_begin_failure(status, "cudaStreamBeginCapture", where);
-    // The capture's sequence id: a pool of the graph's must know it now; otherwise it is asked of
-    // CUDA only if the capture allocates (see CaptureRegistry).
-    CaptureSeq seq = 0;
-    if (pool) {
-      if (const cudaError_t status = get_capture_seq(stream, seq); status != cudaSuccess) {
-        discard(stream);
-        check(status, "cudaStreamGetCaptureInfo", where);
-      }
-      if (!pool->try_begin_capture(seq)) {
-        discard(stream);
-        throw_usage("capture_begin: another graph is capturing into this pool right now; captures that share a pool must not overlap");
-      }
-    }
-    stream_ = stream;
-    device_ = device;
-    mode_ = mode;
-    owner_thread_ = &thread_streams();
-    bodies_.clear();
-    conditionals_ = false;
-    conditional_bodies_.clear();
-    context_.open(device, stream, seq, std::move(pool));
-    CaptureRegistry::instance().add_capture(&context_, this, stream, seq, device, where, mode);
-    thread_streams().push(device, stream);
-    end_.store(CaptureEnd::Open, std::memory_order_release);
-  }
+             const tensorplay::source_location& where);
 
   //! Ends the capture and returns what it captured.
   //! \throws usage_error with a body still open; cuda_error when CUDA invalidated the capture
   //!         (the capture is over either way).
-  CapturedGraph end(const tensorplay::source_location& where) {
-    if (!bodies_.empty())
-      throw_usage("capture_end: " + std::to_string(bodies_.size()) +
-                  " conditional body(ies) still open; call end_capture_to_conditional_node first");
-    GraphHandle graph;
-    const cudaError_t status = end_capture(stream_, graph.out());
-    std::shared_ptr<PoolImpl> pool = finish(CaptureEnd::Ended, true, status != cudaSuccess);
-    if (status != cudaSuccess) throw_end_failure(status, "cudaStreamEndCapture", stream_, 0, where);  // says why it broke
-    return {std::move(graph), device_, mode_, std::move(pool), conditionals_, std::move(conditional_bodies_)};
-  }
+  CapturedGraph end(const tensorplay::source_location& where);
 
   //! Ends every open body and the capture, and discards what was captured. Never throws.
-  void abandon() noexcept { abandon_as(CaptureEnd::Abandoned); }
+  void abandon() noexcept;
 
   //! Runs `f`; if it throws, abandons the capture and rethrows. The one place where a failure
   //! inside a capture turns into "nothing is left capturing" (unless kept open, below).
@@ -149,11 +100,10 @@ class CaptureSession final : public CaptureOwner {
   //! which cannot throw and after which the caller goes on issuing work.
   class KeepOpenOnFailure {
    public:
-    explicit KeepOpenOnFailure(CaptureSession& session) noexcept
-        : session_(session), before_(std::exchange(session.keep_open_on_failure_, true)) {}
+    explicit KeepOpenOnFailure(CaptureSession& session) noexcept;
     KeepOpenOnFailure(const KeepOpenOnFailure&) = delete;
     KeepOpenOnFailure& operator=(const KeepOpenOnFailure&) = delete;
-    ~KeepOpenOnFailure() { session_.keep_open_on_failure_ = before_; }
+    ~KeepOpenOnFailure();
 
    private:
     CaptureSession& session_;
@@ -161,88 +111,43 @@ class CaptureSession final : public CaptureOwner {
   };
   [[nodiscard]] bool keeps_open_on_failure() const noexcept { return keep_open_on_failure_; }
 
-  void abandon_because_stream_destroyed() noexcept override { abandon_as(CaptureEnd::StreamDestroyed); }
+  void abandon_because_stream_destroyed() noexcept override;
 
-  [[nodiscard]] bool is_open() const noexcept { return end_.load(std::memory_order_acquire) == CaptureEnd::Open; }
+  [[nodiscard]] bool is_open() const noexcept;
   //! How the last capture ended (Open while it is open).
-  [[nodiscard]] CaptureEnd how_ended() const noexcept { return end_.load(std::memory_order_acquire); }
+  [[nodiscard]] CaptureEnd how_ended() const noexcept;
   [[nodiscard]] cudaStream_t origin() const noexcept { return stream_; }
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] cudaStreamCaptureMode mode() const noexcept { return mode_; }
   //! Where work is captured now: the innermost open body, else the origin stream.
-  [[nodiscard]] cudaStream_t current() const noexcept { return bodies_.empty() ? stream_ : bodies_.back().stream; }
-  [[nodiscard]] std::size_t depth() const noexcept { return bodies_.size(); }
+  [[nodiscard]] cudaStream_t current() const noexcept;
+  [[nodiscard]] std::size_t depth() const noexcept;
   //! A conditional node was added to the capture.
-  void note_conditional() noexcept { conditionals_ = true; }
+  void note_conditional() noexcept;
   //! The bodies of a conditional node just made (CUDA 13.0 cannot list them from the node).
-  void record_bodies(cudaGraphNode_t node, const cudaGraph_t* bodies, unsigned count) { conditional_bodies_.add(node, bodies, count); }
+  void record_bodies(cudaGraphNode_t node, const cudaGraph_t* bodies, unsigned count);
   [[nodiscard]] std::vector<BodyCapture>& bodies() noexcept { return bodies_; }
   [[nodiscard]] CaptureContext& context() noexcept { return context_; }
 
   //! The stream of the body at nesting `depth` (made on first use, reused by later captures).
-  cudaStream_t body_stream(std::size_t depth, const tensorplay::source_location& where) {
-    while (body_streams_.size() <= depth) {
-      DeviceGuard guard(device_, where);
-      RelaxedCaptureMode relaxed;  // creating a stream must not disturb the capture
-      cudaStream_t stream = nullptr;
-      TENSORPLAY_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), where);
-      body_streams_.emplace_back(stream);
-    }
-    return body_streams_[depth].get();
-  }
+  cudaStream_t body_stream(std::size_t depth, const tensorplay::source_location& where);
 
   //! Registers a body that began capturing on `body.stream`, and makes its stream current.
-  void push_body(BodyCapture body) {
-    CaptureRegistry::instance().add_body(&context_, body.seq, device_);
-    context_.body_opened(body.seq);
-    thread_streams().push(device_, body.stream);
-    bodies_.push_back(std::move(body));
-  }
+  void push_body(BodyCapture body);
 
   //! Unregisters the innermost body (whose capture has ended) and returns it. What it allocated
   //! now belongs to the parent stream.
-  BodyCapture pop_body() noexcept {
-    BodyCapture body = std::move(bodies_.back());
-    bodies_.pop_back();
-    const cudaStream_t parent_stream = current();
-    const CaptureSeq parent_seq = bodies_.empty() ? 0 : bodies_.back().seq;  // 0: the capture's own
-    context_.body_closed(body.seq, body.stream, parent_seq, parent_stream);
-    CaptureRegistry::instance().remove_body(body.seq);
-    thread_streams().pop(device_, body.stream);
-    return body;
-  }
+  BodyCapture pop_body() noexcept;
 
  private:
   // Ends a capture that was just begun and is to be thrown away.
-  static void discard(cudaStream_t stream) noexcept {
-    GraphHandle graph;
-    (void)end_capture(stream, graph.out());
-    (void)cudaGetLastError();
-  }
+  static void discard(cudaStream_t stream) noexcept;
 
-  void abandon_as(CaptureEnd why) noexcept {
-    if (!is_open()) return;
-    const bool same_thread = owner_thread_ == &thread_streams();
-    while (!bodies_.empty()) {
-      BodyCapture& body = bodies_.back();
-      discard(body.stream);  // its own capture: ends cleanly whatever state CUDA left it in
-      CaptureRegistry::instance().remove_body(body.seq);
-      if (same_thread) thread_streams().pop(device_, body.stream);
-      bodies_.pop_back();
-    }
-    discard(stream_);
-    (void)finish(why, same_thread);
-  }
+  void abandon_as(CaptureEnd why) noexcept;
 
   // Restores the current stream, unregisters, lets the pool settle what the capture freed.
   // `failed`: the doctor may be asked about it (the registry keeps its record).
-  std::shared_ptr<PoolImpl> finish(CaptureEnd why, bool restore_current = true, bool failed = true) noexcept {
-    if (restore_current) thread_streams().pop(device_, stream_);
-    std::shared_ptr<PoolImpl> pool = context_.close();
-    CaptureRegistry::instance().remove_capture(&context_, failed);
-    end_.store(why, std::memory_order_release);
-    return pool;
-  }
+  std::shared_ptr<PoolImpl> finish(CaptureEnd why, bool restore_current = true, bool failed = true) noexcept;
 
   cudaStream_t stream_ = nullptr;
   int device_ = -1;
@@ -258,3 +163,146 @@ class CaptureSession final : public CaptureOwner {
 };
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL CaptureSession::~CaptureSession() { abandon(); }
+
+TENSORPLAY_DECL void CaptureSession::begin(cudaStream_t stream, int device, cudaStreamCaptureMode mode, std::shared_ptr<PoolImpl> pool,
+    const tensorplay::source_location& where) {
+  if (stream_is_capturing(stream, where))
+    throw_usage("capture_begin: the stream is already being captured (nested captures need their own stream)");
+  // The library's own kernels (conditional nodes, staging) are loaded now, while no capture is
+  // open, if they were not yet: loading them synchronises the device, which invalidates
+  // captures on other threads, thread-local ones included (memcheck run 32 of thread_test saw
+  // one invalidated when the first if_ of one thread loaded them). After the first time this is
+  // one atomic load. A failure here is left for the first use of the kernels to report.
+  if (!KernelLibrary::ready_on(device) && !CaptureRegistry::instance().any_open()) {
+    try {
+      (void)KernelLibrary::on(device, where);
+    } catch (const cuda_error&) {
+      (void)cudaGetLastError();
+    }
+  }
+  if (const cudaError_t status = begin_capture(stream, mode); status != cudaSuccess)
+    throw_begin_failure(status, "cudaStreamBeginCapture", where);
+  // The capture's sequence id: a pool of the graph's must know it now; otherwise it is asked of
+  // CUDA only if the capture allocates (see CaptureRegistry).
+  CaptureSeq seq = 0;
+  if (pool) {
+    if (const cudaError_t status = get_capture_seq(stream, seq); status != cudaSuccess) {
+      discard(stream);
+      check(status, "cudaStreamGetCaptureInfo", where);
+    }
+    if (!pool->try_begin_capture(seq)) {
+      discard(stream);
+      throw_usage("capture_begin: another graph is capturing into this pool right now; captures that share a pool must not overlap");
+    }
+  }
+  stream_ = stream;
+  device_ = device;
+  mode_ = mode;
+  owner_thread_ = &thread_streams();
+  bodies_.clear();
+  conditionals_ = false;
+  conditional_bodies_.clear();
+  context_.open(device, stream, seq, std::move(pool));
+  CaptureRegistry::instance().add_capture(&context_, this, stream, seq, device, where, mode);
+  thread_streams().push(device, stream);
+  end_.store(CaptureEnd::Open, std::memory_order_release);
+}
+
+TENSORPLAY_DECL CapturedGraph CaptureSession::end(const tensorplay::source_location& where) {
+  if (!bodies_.empty())
+    throw_usage("capture_end: " + std::to_string(bodies_.size()) +
+                " conditional body(ies) still open; call end_capture_to_conditional_node first");
+  GraphHandle graph;
+  const cudaError_t status = end_capture(stream_, graph.out());
+  std::shared_ptr<PoolImpl> pool = finish(CaptureEnd::Ended, true, status != cudaSuccess);
+  if (status != cudaSuccess) throw_end_failure(status, "cudaStreamEndCapture", stream_, 0, where);  // says why it broke
+  return {std::move(graph), device_, mode_, std::move(pool), conditionals_, std::move(conditional_bodies_)};
+}
+
+TENSORPLAY_DECL void CaptureSession::abandon() noexcept { abandon_as(CaptureEnd::Abandoned); }
+
+TENSORPLAY_DECL CaptureSession::KeepOpenOnFailure::KeepOpenOnFailure(CaptureSession& session) noexcept : session_(session), before_(std::exchange(session.keep_open_on_failure_, true)) {}
+
+TENSORPLAY_DECL CaptureSession::KeepOpenOnFailure::~KeepOpenOnFailure() { session_.keep_open_on_failure_ = before_; }
+
+TENSORPLAY_DECL void CaptureSession::abandon_because_stream_destroyed() noexcept { abandon_as(CaptureEnd::StreamDestroyed); }
+
+TENSORPLAY_DECL bool CaptureSession::is_open() const noexcept { return end_.load(std::memory_order_acquire) == CaptureEnd::Open; }
+
+TENSORPLAY_DECL CaptureEnd CaptureSession::how_ended() const noexcept { return end_.load(std::memory_order_acquire); }
+
+TENSORPLAY_DECL cudaStream_t CaptureSession::current() const noexcept { return bodies_.empty() ? stream_ : bodies_.back().stream; }
+
+TENSORPLAY_DECL std::size_t CaptureSession::depth() const noexcept { return bodies_.size(); }
+
+TENSORPLAY_DECL void CaptureSession::note_conditional() noexcept { conditionals_ = true; }
+
+TENSORPLAY_DECL void CaptureSession::record_bodies(cudaGraphNode_t node, const cudaGraph_t* bodies, unsigned count) { conditional_bodies_.add(node, bodies, count); }
+
+TENSORPLAY_DECL cudaStream_t CaptureSession::body_stream(std::size_t depth, const tensorplay::source_location& where) {
+  while (body_streams_.size() <= depth) {
+    DeviceGuard guard(device_, where);
+    RelaxedCaptureMode relaxed;  // creating a stream must not disturb the capture
+    cudaStream_t stream = nullptr;
+    TENSORPLAY_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), where);
+    body_streams_.emplace_back(stream);
+  }
+  return body_streams_[depth].get();
+}
+
+TENSORPLAY_DECL void CaptureSession::push_body(BodyCapture body) {
+  CaptureRegistry::instance().add_body(&context_, body.seq, device_);
+  context_.body_opened(body.seq);
+  thread_streams().push(device_, body.stream);
+  bodies_.push_back(std::move(body));
+}
+
+TENSORPLAY_DECL BodyCapture CaptureSession::pop_body() noexcept {
+  BodyCapture body = std::move(bodies_.back());
+  bodies_.pop_back();
+  const cudaStream_t parent_stream = current();
+  const CaptureSeq parent_seq = bodies_.empty() ? 0 : bodies_.back().seq;  // 0: the capture's own
+  context_.body_closed(body.seq, body.stream, parent_seq, parent_stream);
+  CaptureRegistry::instance().remove_body(body.seq);
+  thread_streams().pop(device_, body.stream);
+  return body;
+}
+
+TENSORPLAY_DECL void CaptureSession::discard(cudaStream_t stream) noexcept {
+  GraphHandle graph;
+  (void)end_capture(stream, graph.out());
+  (void)cudaGetLastError();
+}
+
+TENSORPLAY_DECL void CaptureSession::abandon_as(CaptureEnd why) noexcept {
+  if (!is_open()) return;
+  const bool same_thread = owner_thread_ == &thread_streams();
+  while (!bodies_.empty()) {
+    BodyCapture& body = bodies_.back();
+    discard(body.stream);  // its own capture: ends cleanly whatever state CUDA left it in
+    CaptureRegistry::instance().remove_body(body.seq);
+    if (same_thread) thread_streams().pop(device_, body.stream);
+    bodies_.pop_back();
+  }
+  discard(stream_);
+  (void)finish(why, same_thread);
+}
+
+TENSORPLAY_DECL std::shared_ptr<PoolImpl> CaptureSession::finish(CaptureEnd why, bool restore_current, bool failed) noexcept {
+  if (restore_current) thread_streams().pop(device_, stream_);
+  std::shared_ptr<PoolImpl> pool = context_.close();
+  CaptureRegistry::instance().remove_capture(&context_, failed);
+  end_.store(why, std::memory_order_release);
+  return pool;
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -9,6 +9,7 @@
 // is represented in that body's capture by an empty node, replaced by the real node at the copy.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_doctor.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
@@ -109,23 +110,9 @@ void call_body(F& body, StreamRef stream) {
 }
 
 //! Why if_else_ and switch_ can or cannot run: both need CUDA 12.8 in the runtime and the driver.
-inline void require_multi_body_conditionals(int runtime_version, int driver_version, const char* what) {
-  constexpr int needed = 12080;
-  if (runtime_version < needed || driver_version < needed)
-    throw_usage(std::string(what) + " needs CUDA 12.8 or newer in both the runtime and the driver (runtime " +
-                std::to_string(runtime_version) + ", driver " + std::to_string(driver_version) + ")");
-}
+TENSORPLAY_DECL void require_multi_body_conditionals(int runtime_version, int driver_version, const char* what);
 
-inline void require_multi_body_conditionals(const char* what, const tensorplay::source_location& where) {
-  int runtime = 0;
-  int driver = 0;
-  TENSORPLAY_CHECK(cudaRuntimeGetVersion(&runtime), where);
-  TENSORPLAY_CHECK(cudaDriverGetVersion(&driver), where);
-#if CUDART_VERSION < 12080
-  runtime = CUDART_VERSION;  // compiled against headers without multi-body conditionals
-#endif
-  require_multi_body_conditionals(runtime, driver, what);
-}
+TENSORPLAY_DECL void require_multi_body_conditionals(const char* what, const tensorplay::source_location& where);
 
 //! Checks that a one-element tensor lives on `device` (or is managed) and returns its address.
 template <ContiguousTensor T>
@@ -168,20 +155,7 @@ const void* checked_condition(const P& pred, int device, const char* what, const
 //! True when the next node captured on `stream` would depend on exactly one kernel node, on a
 //! device with programmatic dependent launch (compute capability 9.0 or newer): the set-handle
 //! kernel is then captured with a programmatic edge, and its launch overlaps that kernel's end.
-inline bool follows_one_kernel(cudaStream_t stream, int device) noexcept {
-  if (compute_capability_major(device) < 9) return false;
-  CaptureInfo info;
-  if (get_capture_info(stream, info) != cudaSuccess || info.dependency_count != 1) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
-  if (cudaGraphNodeGetType(info.dependencies[0], &type) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return type == cudaGraphNodeTypeKernel;
-}
+TENSORPLAY_DECL bool follows_one_kernel(cudaStream_t stream, int device) noexcept;
 
 //! Captures, on `stream`, the kernel that copies the predicate (or index) into `handle`.
 template <class P>
@@ -259,8 +233,66 @@ ConditionalNode add_conditional_node(CaptureSession& session, cudaGraphCondition
 }
 
 //! Starts capturing a body of a node: a capture of its own on the stream of the next depth.
-inline void open_body(CaptureSession& session, cudaGraph_t slot, cudaGraphConditionalHandle handle,
-                      const tensorplay::source_location& where) {
+TENSORPLAY_DECL void open_body(CaptureSession& session, cudaGraph_t slot, cudaGraphConditionalHandle handle,
+                      const tensorplay::source_location& where);
+
+//! Copies one node of a closed body's capture into `to`; returns the copy.
+TENSORPLAY_DECL cudaGraphNode_t copy_node(cudaGraphNode_t node, cudaGraph_t to, const tensorplay::source_location& where);
+
+//! Moves what a closed body captured (`from`) into its node's body graph `to`: nodes, then edges
+//! with their data (programmatic edges included). Empty nodes that stand for nested conditional
+//! nodes map to those nodes, which already live in `to`.
+TENSORPLAY_DECL void move_body(cudaGraph_t from, cudaGraph_t to, const std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>>& nested,
+                      const tensorplay::source_location& where);
+
+//! Ends the innermost body's capture and moves its work into its node. On failure the whole
+//! capture is abandoned (only the body, under CaptureSession::KeepOpenOnFailure) and the error
+//! propagates (cuda_error when CUDA invalidated it).
+TENSORPLAY_DECL void close_body(CaptureSession& session, const tensorplay::source_location& where);
+
+}  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL void require_multi_body_conditionals(int runtime_version, int driver_version, const char* what) {
+  constexpr int needed = 12080;
+  if (runtime_version < needed || driver_version < needed)
+    throw_usage(std::string(what) + " needs CUDA 12.8 or newer in both the runtime and the driver (runtime " +
+                std::to_string(runtime_version) + ", driver " + std::to_string(driver_version) + ")");
+}
+
+TENSORPLAY_DECL void require_multi_body_conditionals(const char* what, const tensorplay::source_location& where) {
+  int runtime = 0;
+  int driver = 0;
+  TENSORPLAY_CHECK(cudaRuntimeGetVersion(&runtime), where);
+  TENSORPLAY_CHECK(cudaDriverGetVersion(&driver), where);
+#if CUDART_VERSION < 12080
+  runtime = CUDART_VERSION;  // compiled against headers without multi-body conditionals
+#endif
+  require_multi_body_conditionals(runtime, driver, what);
+}
+
+TENSORPLAY_DECL bool follows_one_kernel(cudaStream_t stream, int device) noexcept {
+  if (compute_capability_major(device) < 9) return false;
+  CaptureInfo info;
+  if (get_capture_info(stream, info) != cudaSuccess || info.dependency_count != 1) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+  if (cudaGraphNodeGetType(info.dependencies[0], &type) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return type == cudaGraphNodeTypeKernel;
+}
+
+TENSORPLAY_DECL void open_body(CaptureSession& session, cudaGraph_t slot, cudaGraphConditionalHandle handle,
+    const tensorplay::source_location& where) {
   session.abandon_on_throw([&] {
     const cudaStream_t stream = session.body_stream(session.depth(), where);
     if (const cudaError_t status = begin_capture(stream, session.mode()); status != cudaSuccess)
@@ -281,8 +313,7 @@ inline void open_body(CaptureSession& session, cudaGraph_t slot, cudaGraphCondit
   });
 }
 
-//! Copies one node of a closed body's capture into `to`; returns the copy.
-inline cudaGraphNode_t copy_node(cudaGraphNode_t node, cudaGraph_t to, const tensorplay::source_location& where) {
+TENSORPLAY_DECL cudaGraphNode_t copy_node(cudaGraphNode_t node, cudaGraph_t to, const tensorplay::source_location& where) {
   cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
   TENSORPLAY_CHECK(cudaGraphNodeGetType(node, &type), where);
   cudaGraphNode_t copy = nullptr;
@@ -336,11 +367,8 @@ inline cudaGraphNode_t copy_node(cudaGraphNode_t node, cudaGraph_t to, const ten
   }
 }
 
-//! Moves what a closed body captured (`from`) into its node's body graph `to`: nodes, then edges
-//! with their data (programmatic edges included). Empty nodes that stand for nested conditional
-//! nodes map to those nodes, which already live in `to`.
-inline void move_body(cudaGraph_t from, cudaGraph_t to, const std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>>& nested,
-                      const tensorplay::source_location& where) {
+TENSORPLAY_DECL void move_body(cudaGraph_t from, cudaGraph_t to, const std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>>& nested,
+    const tensorplay::source_location& where) {
   GraphTopology topology(from, where);
   // copies[i]: the copy of topology.nodes[i] in `to`.
   std::vector<cudaGraphNode_t> copies;
@@ -360,10 +388,7 @@ inline void move_body(cudaGraph_t from, cudaGraph_t to, const std::vector<std::p
   TENSORPLAY_CHECK(add_dependencies(to, topology.from.data(), topology.to.data(), topology.data.data(), edges), where);
 }
 
-//! Ends the innermost body's capture and moves its work into its node. On failure the whole
-//! capture is abandoned (only the body, under CaptureSession::KeepOpenOnFailure) and the error
-//! propagates (cuda_error when CUDA invalidated it).
-inline void close_body(CaptureSession& session, const tensorplay::source_location& where) {
+TENSORPLAY_DECL void close_body(CaptureSession& session, const tensorplay::source_location& where) {
   GraphHandle captured;
   const BodyCapture body = [&] {
     const cudaError_t status = end_capture(session.bodies().back().stream, captured.out());
@@ -378,3 +403,4 @@ inline void close_body(CaptureSession& session, const tensorplay::source_locatio
 }
 
 }  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

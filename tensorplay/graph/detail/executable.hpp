@@ -9,6 +9,7 @@
 // stage_and_launch. No caller patches its bookkeeping afterwards.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
@@ -48,77 +49,28 @@ namespace tensorplay::detail {
   }
 }
 
-inline std::optional<cudaGraphNodeType> node_type_of(cudaGraphNode_t node) noexcept {
-  if (node == nullptr) return std::nullopt;
-  cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
-  if (cudaGraphNodeGetType(node, &type) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return std::nullopt;
-  }
-  return type;
-}
+TENSORPLAY_DECL std::optional<cudaGraphNodeType> node_type_of(cudaGraphNode_t node) noexcept;
 
 //! A compiled graph: cudaGraphInstantiateWithParams with CUDA's reasons on failure, upload, and
 //! cudaGraphExecUpdate. Owns only the cudaGraphExec_t (GraphBuckets' shared executables use it
 //! on graphs that their buckets own).
 class ExecCore {
  public:
-  [[nodiscard]] cudaGraphExec_t get() const noexcept { return exec_.get(); }
+  [[nodiscard]] cudaGraphExec_t get() const noexcept;
   explicit operator bool() const noexcept { return static_cast<bool>(exec_); }
 
   //! Compiles `graph`; with `upload_stream`, also uploads it there. Replaces any executable
   //! held (destroyed first: CUDA allows a graph with conditional nodes one executable at a time).
   //! \throws cuda_error naming CUDA's instantiation result and the failing node's type.
-  void instantiate(cudaGraph_t graph, std::optional<cudaStream_t> upload_stream, const tensorplay::source_location& where) {
-    exec_.reset();
-    cudaGraphInstantiateParams params{};
-    params.flags = cudaGraphInstantiateFlagAutoFreeOnLaunch;
-    if (upload_stream) {
-      params.flags |= cudaGraphInstantiateFlagUpload;
-      params.uploadStream = *upload_stream;
-    }
-    cudaGraphExec_t exec = nullptr;
-    // Relaxed while tensorplay captures are open: CUDA refuses instantiation on a thread with
-    // another capture open (thread_local mode), or while any capture runs (global mode), though
-    // it does not disturb the capture. (Two mode switches cost a tenth of a microsecond.)
-    std::optional<RelaxedCaptureMode> relaxed;
-    if (CaptureRegistry::instance().any_open()) relaxed.emplace();
-    const cudaError_t status = detail::instantiate(&exec, graph, &params);
-    if (status != cudaSuccess) {
-      if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
-      std::string call = "cudaGraphInstantiateWithParams (result: ";
-      call += instantiate_result_name(params.result_out);
-      if (auto type = node_type_of(params.errNode_out)) {
-        call += ", at a ";
-        call += tensorplay::to_string(*type);
-        call += " node";
-      }
-      call += ")";
-      (void)cudaGetLastError();
-      throw instantiate_error(status, call, params.result_out, where);
-    }
-    exec_ = ExecHandle(exec);
-  }
+  void instantiate(cudaGraph_t graph, std::optional<cudaStream_t> upload_stream, const tensorplay::source_location& where);
 
   //! Patches the executable to run `graph`, which must have the same topology. Returns false,
   //! with CUDA's reason in `result`, when CUDA refuses: the executable may then be partly
   //! patched, and must be loaded again (or compiled anew) before its next launch.
   //! \throws cuda_error for failures other than a refusal.
-  bool try_update(cudaGraph_t graph, UpdateResult& result, const tensorplay::source_location& where) {
-    cudaGraphExecUpdateResultInfo info{};
-    std::optional<RelaxedCaptureMode> relaxed;  // as for instantiate
-    if (CaptureRegistry::instance().any_open()) relaxed.emplace();
-    const cudaError_t status = exec_update(exec_.get(), graph, &info);
-    result.reason = info.result;
-    result.error_node = node_type_of(info.errorNode);
-    if (status == cudaSuccess) return true;
-    (void)cudaGetLastError();
-    if (status == cudaErrorGraphExecUpdateFailure) return false;
-    check(status, "cudaGraphExecUpdate", where);
-    return false;
-  }
+  bool try_update(cudaGraph_t graph, UpdateResult& result, const tensorplay::source_location& where);
 
-  void reset() noexcept { exec_.reset(); }
+  void reset() noexcept;
 
  private:
   ExecHandle exec_;
@@ -132,108 +84,45 @@ class Executable {
   Executable(Executable&&) noexcept = default;
   Executable& operator=(Executable&&) noexcept = default;
 
-  [[nodiscard]] bool compiled() const noexcept { return static_cast<bool>(exec_); }
-  [[nodiscard]] bool holds_graph() const noexcept { return static_cast<bool>(source_); }
-  [[nodiscard]] cudaGraphExec_t get() const noexcept { return exec_.get(); }
+  [[nodiscard]] bool compiled() const noexcept;
+  [[nodiscard]] bool holds_graph() const noexcept;
+  [[nodiscard]] cudaGraphExec_t get() const noexcept;
   //! The graph the executable runs: the latest captured (an in-place update's, say).
-  [[nodiscard]] cudaGraph_t graph() const noexcept { return latest_ ? latest_.get() : source_.get(); }
+  [[nodiscard]] cudaGraph_t graph() const noexcept;
   [[nodiscard]] int device() const noexcept { return device_; }
   //! The device memory the driver took for the executable, modelled from the graph it was
   //! compiled from (detail/exec_memory.hpp); 0 when nothing is compiled. Walks the graph.
-  [[nodiscard]] std::size_t bytes(const tensorplay::source_location& where) const {
-    return compiled() ? modelled_exec_bytes(source_.get(), &source_bodies_, where) : 0;
-  }
+  [[nodiscard]] std::size_t bytes(const tensorplay::source_location& where) const;
   //! The bodies of the conditional nodes of graph().
-  [[nodiscard]] const ConditionalBodies& bodies() const noexcept { return latest_ ? latest_bodies_ : source_bodies_; }
+  [[nodiscard]] const ConditionalBodies& bodies() const noexcept;
 
   //! Whether the graph it runs holds the Graph's keep-alive bundle (retained.hpp), and whether
   //! the compiled executable does (CUDA gives it references to what its graph held then).
   [[nodiscard]] bool graph_keeps() const noexcept { return graph_keeps_; }
   [[nodiscard]] bool exec_keeps() const noexcept { return exec_keeps_; }
   //! The graph it runs was given the bundle (the executable gets it at its next compile).
-  void graph_now_keeps() noexcept { graph_keeps_ = true; }
+  void graph_now_keeps() noexcept;
 
   //! Holds `graph` (captured on `device`) without compiling it: what there was is dropped.
-  void hold(GraphHandle graph, int device, bool keeps, ConditionalBodies bodies = {}) noexcept {
-    reset();
-    source_ = std::move(graph);
-    source_bodies_ = std::move(bodies);
-    device_ = device;
-    graph_keeps_ = keeps;
-  }
+  void hold(GraphHandle graph, int device, bool keeps, ConditionalBodies bodies = {}) noexcept;
 
   //! Compiles the held graph (uploading it to `upload` when given). On failure nothing is
   //! compiled and the graph is still held.
-  void compile(std::optional<cudaStream_t> upload, const tensorplay::source_location& where) {
-    if (latest_) {  // an in-place update's graph (with its staging nodes) becomes the one compiled from
-      source_ = std::move(latest_);
-      source_bodies_ = std::move(latest_bodies_);
-      if (staging_) staging_->node.adopt(staging_->latest_nodes);
-    }
-    exec_keeps_ = false;
-    exec_.instantiate(source_.get(), upload, where);
-    exec_keeps_ = graph_keeps_;
-    if (staging_) staging_->node.compiled();
-  }
+  void compile(std::optional<cudaStream_t> upload, const tensorplay::source_location& where);
 
   //! Makes the executable run `graph` (a new capture of the same work, on the same device):
   //! patched in place when CUDA accepts it, compiled anew when it refuses. The staging nodes are
   //! added to the new graph first, so that its topology matches; either way they come out
   //! enabled, without a plan. If compiling anew fails, the new graph is held, not compiled.
   UpdateResult update(GraphHandle graph, bool keeps, std::optional<cudaStream_t> upload, const tensorplay::source_location& where,
-                      ConditionalBodies bodies = {}) {
-    StagingNodeHandles nodes;
-    if (staging_) nodes = staging_->node.add_to(graph.get(), device_, where);
-    UpdateResult result;
-    if (exec_ && exec_.try_update(graph.get(), result, where)) {
-      result.outcome = UpdateOutcome::Updated;
-      // The executable's nodes are still named by the graph it was compiled from (kept). CUDA
-      // carried the nodes' enabled state over and gave them the new graph's parameters: no plan.
-      latest_ = std::move(graph);
-      latest_bodies_ = std::move(bodies);
-      graph_keeps_ = keeps;
-      if (staging_) {
-        staging_->latest_nodes = nodes;
-        staging_->node.updated_in_place(exec_.get(), where);
-      }
-      return result;
-    }
-    result.outcome = UpdateOutcome::Reinstantiated;
-    exec_.reset();
-    latest_.reset();
-    latest_bodies_.clear();
-    source_ = std::move(graph);
-    source_bodies_ = std::move(bodies);
-    graph_keeps_ = keeps;
-    exec_keeps_ = false;
-    if (staging_) staging_->node.adopt(nodes);
-    exec_.instantiate(source_.get(), upload, where);
-    exec_keeps_ = keeps;
-    if (staging_) staging_->node.compiled();
-    return result;
-  }
+                      ConditionalBodies bodies = {});
 
   //! Launches on `stream` (not capturing) with the staging nodes off: they must not copy again
   //! what the last stage_and_launch staged.
-  void launch(cudaStream_t stream, const tensorplay::source_location& where) {
-    if (staging_ && staging_->node.enabled()) [[unlikely]]
-      staging_->node.disable(exec_.get(), where);
-    check(graph_launch(exec_.get(), stream), "cudaGraphLaunch", where);
-  }
+  void launch(cudaStream_t stream, const tensorplay::source_location& where);
 
   //! Drops the executable, the graphs and the staging nodes (their ring waits for its launches).
-  void reset() noexcept {
-    staging_.reset();
-    exec_.reset();
-    latest_.reset();
-    source_.reset();
-    source_bodies_.clear();
-    latest_bodies_.clear();
-    order_ = StaticOrder{};
-    device_ = -1;
-    graph_keeps_ = false;
-    exec_keeps_ = false;
-  }
+  void reset() noexcept;
 
   //! Copies every input onto its static buffer, then launches (Graph::stage_and_launch).
   //! The executable is compiled and `stream` is not capturing (checked by the caller).
@@ -302,21 +191,7 @@ class Executable {
   // The staging nodes, made on the first stage_and_launch that batches: added to the graph the
   // executable runs, which is compiled again with them (CUDA allows a graph with conditional
   // nodes one executable, so the nodes live in the graph itself).
-  Staging& prepare_staging(cudaStream_t stream, const tensorplay::source_location& where) {
-    if (staging_) return *staging_;
-    auto staging = std::make_unique<Staging>(Staging{StagingNodes(RingGraveyard::instance().take(device_, stream, where)), {}, {}});
-    if (latest_) {
-      source_ = std::move(latest_);
-      source_bodies_ = std::move(latest_bodies_);
-    }
-    staging->node.adopt(staging->node.add_to(source_.get(), device_, where));
-    exec_keeps_ = false;
-    exec_.instantiate(source_.get(), std::nullopt, where);
-    exec_keeps_ = graph_keeps_;
-    staging->node.compiled();
-    staging_ = std::move(staging);
-    return *staging_;
-  }
+  Staging& prepare_staging(cudaStream_t stream, const tensorplay::source_location& where);
 
   template <std::size_t N, class StaticTuple, class InputTuple>
   void issue_unbatched(const std::array<StagePlan, N>& plans, const StaticTuple& statics, const InputTuple& inputs,
@@ -340,3 +215,175 @@ class Executable {
 };
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL std::optional<cudaGraphNodeType> node_type_of(cudaGraphNode_t node) noexcept {
+  if (node == nullptr) return std::nullopt;
+  cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+  if (cudaGraphNodeGetType(node, &type) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+  return type;
+}
+
+TENSORPLAY_DECL cudaGraphExec_t ExecCore::get() const noexcept { return exec_.get(); }
+
+TENSORPLAY_DECL void ExecCore::instantiate(cudaGraph_t graph, std::optional<cudaStream_t> upload_stream, const tensorplay::source_location& where) {
+  exec_.reset();
+  cudaGraphInstantiateParams params{};
+  params.flags = cudaGraphInstantiateFlagAutoFreeOnLaunch;
+  if (upload_stream) {
+    params.flags |= cudaGraphInstantiateFlagUpload;
+    params.uploadStream = *upload_stream;
+  }
+  cudaGraphExec_t exec = nullptr;
+  // Relaxed while tensorplay captures are open: CUDA refuses instantiation on a thread with
+  // another capture open (thread_local mode), or while any capture runs (global mode), though
+  // it does not disturb the capture. (Two mode switches cost a tenth of a microsecond.)
+  std::optional<RelaxedCaptureMode> relaxed;
+  if (CaptureRegistry::instance().any_open()) relaxed.emplace();
+  const cudaError_t status = detail::instantiate(&exec, graph, &params);
+  if (status != cudaSuccess) {
+    if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+    std::string call = "cudaGraphInstantiateWithParams (result: ";
+    call += instantiate_result_name(params.result_out);
+    if (auto type = node_type_of(params.errNode_out)) {
+      call += ", at a ";
+      call += tensorplay::to_string(*type);
+      call += " node";
+    }
+    call += ")";
+    (void)cudaGetLastError();
+    throw instantiate_error(status, call, params.result_out, where);
+  }
+  exec_ = ExecHandle(exec);
+}
+
+TENSORPLAY_DECL bool ExecCore::try_update(cudaGraph_t graph, UpdateResult& result, const tensorplay::source_location& where) {
+  cudaGraphExecUpdateResultInfo info{};
+  std::optional<RelaxedCaptureMode> relaxed;  // as for instantiate
+  if (CaptureRegistry::instance().any_open()) relaxed.emplace();
+  const cudaError_t status = exec_update(exec_.get(), graph, &info);
+  result.reason = info.result;
+  result.error_node = node_type_of(info.errorNode);
+  if (status == cudaSuccess) return true;
+  (void)cudaGetLastError();
+  if (status == cudaErrorGraphExecUpdateFailure) return false;
+  check(status, "cudaGraphExecUpdate", where);
+  return false;
+}
+
+TENSORPLAY_DECL void ExecCore::reset() noexcept { exec_.reset(); }
+
+TENSORPLAY_DECL bool Executable::compiled() const noexcept { return static_cast<bool>(exec_); }
+
+TENSORPLAY_DECL bool Executable::holds_graph() const noexcept { return static_cast<bool>(source_); }
+
+TENSORPLAY_DECL cudaGraphExec_t Executable::get() const noexcept { return exec_.get(); }
+
+TENSORPLAY_DECL cudaGraph_t Executable::graph() const noexcept { return latest_ ? latest_.get() : source_.get(); }
+
+TENSORPLAY_DECL std::size_t Executable::bytes(const tensorplay::source_location& where) const {
+  return compiled() ? modelled_exec_bytes(source_.get(), &source_bodies_, where) : 0;
+}
+
+TENSORPLAY_DECL const ConditionalBodies& Executable::bodies() const noexcept { return latest_ ? latest_bodies_ : source_bodies_; }
+
+TENSORPLAY_DECL void Executable::graph_now_keeps() noexcept { graph_keeps_ = true; }
+
+TENSORPLAY_DECL void Executable::hold(GraphHandle graph, int device, bool keeps, ConditionalBodies bodies) noexcept {
+  reset();
+  source_ = std::move(graph);
+  source_bodies_ = std::move(bodies);
+  device_ = device;
+  graph_keeps_ = keeps;
+}
+
+TENSORPLAY_DECL void Executable::compile(std::optional<cudaStream_t> upload, const tensorplay::source_location& where) {
+  if (latest_) {  // an in-place update's graph (with its staging nodes) becomes the one compiled from
+    source_ = std::move(latest_);
+    source_bodies_ = std::move(latest_bodies_);
+    if (staging_) staging_->node.adopt(staging_->latest_nodes);
+  }
+  exec_keeps_ = false;
+  exec_.instantiate(source_.get(), upload, where);
+  exec_keeps_ = graph_keeps_;
+  if (staging_) staging_->node.compiled();
+}
+
+TENSORPLAY_DECL UpdateResult Executable::update(GraphHandle graph, bool keeps, std::optional<cudaStream_t> upload, const tensorplay::source_location& where,
+    ConditionalBodies bodies) {
+  StagingNodeHandles nodes;
+  if (staging_) nodes = staging_->node.add_to(graph.get(), device_, where);
+  UpdateResult result;
+  if (exec_ && exec_.try_update(graph.get(), result, where)) {
+    result.outcome = UpdateOutcome::Updated;
+    // The executable's nodes are still named by the graph it was compiled from (kept). CUDA
+    // carried the nodes' enabled state over and gave them the new graph's parameters: no plan.
+    latest_ = std::move(graph);
+    latest_bodies_ = std::move(bodies);
+    graph_keeps_ = keeps;
+    if (staging_) {
+      staging_->latest_nodes = nodes;
+      staging_->node.updated_in_place(exec_.get(), where);
+    }
+    return result;
+  }
+  result.outcome = UpdateOutcome::Reinstantiated;
+  exec_.reset();
+  latest_.reset();
+  latest_bodies_.clear();
+  source_ = std::move(graph);
+  source_bodies_ = std::move(bodies);
+  graph_keeps_ = keeps;
+  exec_keeps_ = false;
+  if (staging_) staging_->node.adopt(nodes);
+  exec_.instantiate(source_.get(), upload, where);
+  exec_keeps_ = keeps;
+  if (staging_) staging_->node.compiled();
+  return result;
+}
+
+TENSORPLAY_DECL void Executable::launch(cudaStream_t stream, const tensorplay::source_location& where) {
+  if (staging_ && staging_->node.enabled()) [[unlikely]]
+    staging_->node.disable(exec_.get(), where);
+  check(graph_launch(exec_.get(), stream), "cudaGraphLaunch", where);
+}
+
+TENSORPLAY_DECL void Executable::reset() noexcept {
+  staging_.reset();
+  exec_.reset();
+  latest_.reset();
+  source_.reset();
+  source_bodies_.clear();
+  latest_bodies_.clear();
+  order_ = StaticOrder{};
+  device_ = -1;
+  graph_keeps_ = false;
+  exec_keeps_ = false;
+}
+
+TENSORPLAY_DECL auto Executable::prepare_staging(cudaStream_t stream, const tensorplay::source_location& where) -> Staging& {
+  if (staging_) return *staging_;
+  auto staging = std::make_unique<Staging>(Staging{StagingNodes(RingGraveyard::instance().take(device_, stream, where)), {}, {}});
+  if (latest_) {
+    source_ = std::move(latest_);
+    source_bodies_ = std::move(latest_bodies_);
+  }
+  staging->node.adopt(staging->node.add_to(source_.get(), device_, where));
+  exec_keeps_ = false;
+  exec_.instantiate(source_.get(), std::nullopt, where);
+  exec_keeps_ = graph_keeps_;
+  staging->node.compiled();
+  staging_ = std::move(staging);
+  return *staging_;
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

@@ -15,6 +15,7 @@
 // (reaper.hpp), never on CUDA's, so it may call CUDA.
 #pragma once
 
+#include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_retain.hpp>
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/detail/reaper.hpp>
@@ -59,36 +60,21 @@ class KeepAlive {
   }
 
   //! The pool the Graph's captures allocate from (the bundle keeps it for its executables).
-  void set_pool(std::shared_ptr<PoolImpl> pool) {
-    if (!bundle_ && !pool) return;
-    Bundle& bundle = made();
-    std::lock_guard lock(bundle.mutex);
-    bundle.pool = std::move(pool);
-  }
+  void set_pool(std::shared_ptr<PoolImpl> pool);
 
   //! Gives `graph` (a new capture of the Graph, before it is compiled) a reference to the bundle.
-  void retain_on(cudaGraph_t graph, const tensorplay::source_location& where) const {
-    UserObjectRef ref = make_ref(where);
-    TENSORPLAY_CHECK(cudaGraphRetainUserObject(graph, ref.get(), 1, cudaGraphUserObjectMove), where);
-    (void)ref.release();  // moved into the graph
-  }
+  void retain_on(cudaGraph_t graph, const tensorplay::source_location& where) const;
 
   //! Gives the capture running on `stream` (an outer graph this Graph is replayed into, or the
   //! capture that holds its conditional body) a reference to the bundle.
-  void retain_on_capture(cudaStream_t stream, const tensorplay::source_location& where) const {
-    detail::retain_on_capture(stream, make_ref(where).release(), where);
-  }
+  void retain_on_capture(cudaStream_t stream, const tensorplay::source_location& where) const;
 
   //! Drops the Graph's reference and starts an empty bundle (the old one lives on while graphs,
   //! executables and launches hold it).
-  void clear() noexcept { bundle_.reset(); }
+  void clear() noexcept;
   //! Whether the Graph's graphs and executables must hold the bundle: it holds retained objects.
-  [[nodiscard]] bool needed() const { return size() != 0; }
-  [[nodiscard]] std::size_t size() const {
-    if (!bundle_) return 0;
-    std::lock_guard lock(bundle_->mutex);
-    return bundle_->objects.size();
-  }
+  [[nodiscard]] bool needed() const;
+  [[nodiscard]] std::size_t size() const;
 
  private:
   struct Bundle {
@@ -97,23 +83,63 @@ class KeepAlive {
     std::shared_ptr<PoolImpl> pool;
   };
 
-  Bundle& made() const {
-    if (!bundle_) bundle_ = std::make_shared<Bundle>();
-    return *bundle_;
-  }
+  Bundle& made() const;
 
   // A CUDA user object holding one reference to the bundle.
-  [[nodiscard]] UserObjectRef make_ref(const tensorplay::source_location& where) const {
-    made();
-    auto box = std::make_unique<RetainedValue<std::shared_ptr<Bundle>>>(std::shared_ptr<Bundle>(bundle_));
-    cudaUserObject_t handle = nullptr;
-    TENSORPLAY_CHECK(cudaUserObjectCreate(&handle, box.get(), &Reaper::enqueue, 1, cudaUserObjectNoDestructorSync), where);
-    (void)box.release();  // CUDA owns it now: the reaper deletes it
-    Reaper::instance();   // started before CUDA can call back
-    return UserObjectRef(handle);
-  }
+  [[nodiscard]] UserObjectRef make_ref(const tensorplay::source_location& where) const;
 
   mutable std::shared_ptr<Bundle> bundle_;  // null until first used
 };
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL void KeepAlive::set_pool(std::shared_ptr<PoolImpl> pool) {
+  if (!bundle_ && !pool) return;
+  Bundle& bundle = made();
+  std::lock_guard lock(bundle.mutex);
+  bundle.pool = std::move(pool);
+}
+
+TENSORPLAY_DECL void KeepAlive::retain_on(cudaGraph_t graph, const tensorplay::source_location& where) const {
+  UserObjectRef ref = make_ref(where);
+  TENSORPLAY_CHECK(cudaGraphRetainUserObject(graph, ref.get(), 1, cudaGraphUserObjectMove), where);
+  (void)ref.release();  // moved into the graph
+}
+
+TENSORPLAY_DECL void KeepAlive::retain_on_capture(cudaStream_t stream, const tensorplay::source_location& where) const {
+  detail::retain_on_capture(stream, make_ref(where).release(), where);
+}
+
+TENSORPLAY_DECL void KeepAlive::clear() noexcept { bundle_.reset(); }
+
+TENSORPLAY_DECL bool KeepAlive::needed() const { return size() != 0; }
+
+TENSORPLAY_DECL std::size_t KeepAlive::size() const {
+  if (!bundle_) return 0;
+  std::lock_guard lock(bundle_->mutex);
+  return bundle_->objects.size();
+}
+
+TENSORPLAY_DECL auto KeepAlive::made() const -> Bundle& {
+  if (!bundle_) bundle_ = std::make_shared<Bundle>();
+  return *bundle_;
+}
+
+TENSORPLAY_DECL UserObjectRef KeepAlive::make_ref(const tensorplay::source_location& where) const {
+  made();
+  auto box = std::make_unique<RetainedValue<std::shared_ptr<Bundle>>>(std::shared_ptr<Bundle>(bundle_));
+  cudaUserObject_t handle = nullptr;
+  TENSORPLAY_CHECK(cudaUserObjectCreate(&handle, box.get(), &Reaper::enqueue, 1, cudaUserObjectNoDestructorSync), where);
+  (void)box.release();  // CUDA owns it now: the reaper deletes it
+  Reaper::instance();   // started before CUDA can call back
+  return UserObjectRef(handle);
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES

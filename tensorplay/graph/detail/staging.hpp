@@ -100,7 +100,7 @@ consteval bool check_stage_pair() {
   return true;
 }
 
-inline std::string pair_name(std::size_t index) { return "stage_and_launch: pair " + std::to_string(index); }
+TENSORPLAY_DECL std::string pair_name(std::size_t index);
 
 //! What planning needs to know of one pair. Gathered per pair type (facts_of), then judged by
 //! one loop (classify): the per-pair code that every call runs stays small, whatever the arity.
@@ -134,33 +134,7 @@ PairFacts facts_of(const S& dst, const I& src, const tensorplay::source_location
 }
 
 //! Checks one pair and decides how to move it. Throws usage_error; issues nothing.
-inline StagePlan classify(std::size_t index, const PairFacts& f, int device) {
-  if (f.src_n != f.n) [[unlikely]]
-    throw_pair(index, "the input has " + std::to_string(f.src_n) + " elements but its static buffer has " + std::to_string(f.n));
-  if (f.n == 0) return {};
-  const bool on_graph_device =
-      (f.target.kind == Placement::Device && f.target.device == device) || f.target.kind == Placement::Managed;
-  if (!on_graph_device) [[unlikely]]
-    throw_pair(index, "the static buffer is not device memory of the graph's device " + std::to_string(device));
-  if (f.identical) return {};
-  switch (f.source.kind) {
-    case Placement::Device:
-      if (f.source.device != device) {
-        if (!f.dense) [[unlikely]]
-          throw_pair(index, "a strided input on another GPU is not supported; make it contiguous");
-        return {f.same_type ? StageKind::Peer : StageKind::PeerConvert, f.source.device};
-      }
-      [[fallthrough]];
-    case Placement::Managed:
-      return {f.same_type && f.dense ? StageKind::Batched : StageKind::Convert, device};
-    case Placement::PinnedHost:
-    case Placement::PageableHost:
-      if (!f.dense) [[unlikely]]
-        throw_pair(index, "a strided input in host memory is not supported; make it contiguous");
-      return {f.same_type ? StageKind::Host : StageKind::HostConvert, -1};
-  }
-  return {};
-}
+TENSORPLAY_DECL StagePlan classify(std::size_t index, const PairFacts& f, int device);
 
 //! The bytes a tensor's elements span, [begin, end): for strided tensors, from the lowest to the
 //! highest element address.
@@ -170,9 +144,7 @@ struct ByteRange {
   std::uintptr_t begin;
   std::uintptr_t end;
   [[nodiscard]] bool empty() const noexcept { return begin == end; }
-  [[nodiscard]] bool overlaps(const ByteRange& other) const noexcept {
-    return !empty() && !other.empty() && begin < other.end && other.begin < end;
-  }
+  [[nodiscard]] bool overlaps(const ByteRange& other) const noexcept;
 };
 
 template <Tensor T>
@@ -212,20 +184,7 @@ struct StaticOrder {
 //! The pair whose static buffer overlaps `in` (cache.statics in pair order), or -1. Only the
 //! first static buffer by address that ends after `in` begins can, since they do not overlap
 //! each other.
-inline std::ptrdiff_t overlapped_static(const StaticOrder& cache, const ByteRange& in) noexcept {
-  if (in.empty() || in.end <= cache.low || in.begin >= cache.high) return -1;
-  const std::uintptr_t* base = cache.ends.data();  // not empty: the input lies within [low, high)
-  std::size_t n = cache.ends.size();
-  while (n > 1) {
-    const std::size_t half = n / 2;
-    base = base[half - 1] <= in.begin ? base + half : base;
-    n -= half;
-  }
-  const std::size_t k = static_cast<std::size_t>(base - cache.ends.data()) + (*base <= in.begin ? 1 : 0);
-  if (k == cache.ends.size()) return -1;
-  const std::size_t j = cache.order[k];
-  return cache.statics[j].overlaps(in) ? static_cast<std::ptrdiff_t>(j) : -1;
-}
+TENSORPLAY_DECL std::ptrdiff_t overlapped_static(const StaticOrder& cache, const ByteRange& in) noexcept;
 
 //! Sorts `statics` by address into `cache`, refusing static buffers that overlap each other.
 template <std::size_t N>
@@ -370,18 +329,9 @@ template <class StaticTuple, class InputTuple, std::size_t N>
 }
 
 //! Launches the gather/convert kernel: dst[i] = To(src element i), src described by `layout`.
-inline void launch_gather(const void* src, kernels::ElementCode from, void* dst, kernels::ElementCode to, std::size_t n,
+TENSORPLAY_DECL void launch_gather(const void* src, kernels::ElementCode from, void* dst, kernels::ElementCode to, std::size_t n,
                           std::size_t element_bytes, const kernels::StridedLayout& layout, int device, cudaStream_t stream,
-                          const tensorplay::source_location& where) {
-  const KernelLibrary& library = KernelLibrary::on(device, where);
-  const auto blocks = static_cast<unsigned>(n / 256 + 1 < 4096 ? n / 256 + 1 : 4096);
-  int from_code = static_cast<int>(from);
-  int to_code = static_cast<int>(to);
-  kernels::StridedLayout copy_of_layout = layout;
-  void* args[] = {&src, &from_code, &dst, &to_code, &n, &element_bytes, &copy_of_layout};
-  launch(reinterpret_cast<const void*>(library.gather()), dim3(blocks), dim3(256), stream, false, args,
-         "cudaLaunchKernelEx (tensorplay gather/convert kernel)", where);
-}
+                          const tensorplay::source_location& where);
 
 //! The layout of a tensor's elements for the gather kernel (rank 1, stride 1 when contiguous).
 template <Tensor T>
@@ -449,3 +399,74 @@ void issue_unbatched(const StagePlan& plan, const S& dst, const I& src, int devi
 }
 
 }  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+
+namespace tensorplay::detail {
+
+TENSORPLAY_DECL std::string pair_name(std::size_t index) { return "stage_and_launch: pair " + std::to_string(index); }
+
+TENSORPLAY_DECL StagePlan classify(std::size_t index, const PairFacts& f, int device) {
+  if (f.src_n != f.n) [[unlikely]]
+    throw_pair(index, "the input has " + std::to_string(f.src_n) + " elements but its static buffer has " + std::to_string(f.n));
+  if (f.n == 0) return {};
+  const bool on_graph_device =
+      (f.target.kind == Placement::Device && f.target.device == device) || f.target.kind == Placement::Managed;
+  if (!on_graph_device) [[unlikely]]
+    throw_pair(index, "the static buffer is not device memory of the graph's device " + std::to_string(device));
+  if (f.identical) return {};
+  switch (f.source.kind) {
+    case Placement::Device:
+      if (f.source.device != device) {
+        if (!f.dense) [[unlikely]]
+          throw_pair(index, "a strided input on another GPU is not supported; make it contiguous");
+        return {f.same_type ? StageKind::Peer : StageKind::PeerConvert, f.source.device};
+      }
+      [[fallthrough]];
+    case Placement::Managed:
+      return {f.same_type && f.dense ? StageKind::Batched : StageKind::Convert, device};
+    case Placement::PinnedHost:
+    case Placement::PageableHost:
+      if (!f.dense) [[unlikely]]
+        throw_pair(index, "a strided input in host memory is not supported; make it contiguous");
+      return {f.same_type ? StageKind::Host : StageKind::HostConvert, -1};
+  }
+  return {};
+}
+
+TENSORPLAY_DECL bool ByteRange::overlaps(const ByteRange& other) const noexcept {
+  return !empty() && !other.empty() && begin < other.end && other.begin < end;
+}
+
+TENSORPLAY_DECL std::ptrdiff_t overlapped_static(const StaticOrder& cache, const ByteRange& in) noexcept {
+  if (in.empty() || in.end <= cache.low || in.begin >= cache.high) return -1;
+  const std::uintptr_t* base = cache.ends.data();  // not empty: the input lies within [low, high)
+  std::size_t n = cache.ends.size();
+  while (n > 1) {
+    const std::size_t half = n / 2;
+    base = base[half - 1] <= in.begin ? base + half : base;
+    n -= half;
+  }
+  const std::size_t k = static_cast<std::size_t>(base - cache.ends.data()) + (*base <= in.begin ? 1 : 0);
+  if (k == cache.ends.size()) return -1;
+  const std::size_t j = cache.order[k];
+  return cache.statics[j].overlaps(in) ? static_cast<std::ptrdiff_t>(j) : -1;
+}
+
+TENSORPLAY_DECL void launch_gather(const void* src, kernels::ElementCode from, void* dst, kernels::ElementCode to, std::size_t n,
+    std::size_t element_bytes, const kernels::StridedLayout& layout, int device, cudaStream_t stream,
+    const tensorplay::source_location& where) {
+  const KernelLibrary& library = KernelLibrary::on(device, where);
+  const auto blocks = static_cast<unsigned>(n / 256 + 1 < 4096 ? n / 256 + 1 : 4096);
+  int from_code = static_cast<int>(from);
+  int to_code = static_cast<int>(to);
+  kernels::StridedLayout copy_of_layout = layout;
+  void* args[] = {&src, &from_code, &dst, &to_code, &n, &element_bytes, &copy_of_layout};
+  launch(reinterpret_cast<const void*>(library.gather()), dim3(blocks), dim3(256), stream, false, args,
+         "cudaLaunchKernelEx (tensorplay gather/convert kernel)", where);
+}
+
+}  // namespace tensorplay::detail
+#endif  // TENSORPLAY_DEFINE_BODIES
