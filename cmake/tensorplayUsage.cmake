@@ -109,3 +109,20 @@ function(tensorplay_add_cuda_rpath target)
   endif()
   target_link_options(${target} INTERFACE "${option}")
 endfunction()
+
+# tensorplay::compiled: the same headers, with the library's non-template functions compiled once
+# (`source`, tensorplay/src/library.cpp, built here by the consumer's C++ compiler) instead of in
+# every translation unit that includes them (tensorplay/config.hpp, TENSORPLAY_SEPARATE_COMPILATION,
+# defined for everything that links it). Defined when the C++ language is enabled. A program
+# links tensorplay::compiled or uses tensorplay::tensorplay alone, never both.
+function(tensorplay_add_compiled_target source target)
+  get_property(languages GLOBAL PROPERTY ENABLED_LANGUAGES)
+  if(TARGET tensorplay::compiled OR NOT "CXX" IN_LIST languages)
+    return()
+  endif()
+  add_library(tensorplay_compiled STATIC "${source}")
+  add_library(tensorplay::compiled ALIAS tensorplay_compiled)
+  target_link_libraries(tensorplay_compiled PUBLIC ${target})
+  target_compile_definitions(tensorplay_compiled PUBLIC TENSORPLAY_SEPARATE_COMPILATION)
+  set_target_properties(tensorplay_compiled PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endfunction()

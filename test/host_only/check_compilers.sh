@@ -60,7 +60,12 @@ for cxx in g++ clang++; do
     [[ "$h" == tensorplay/thrust.hpp ]] && continue
     printf '#include <%s>\n' "${h}" >"$tmp/alone.cpp"
     check "$cxx $h alone" "$cxx" -std=c++20 -fsyntax-only "${strict[@]}" -I. "${system[@]}" "$tmp/alone.cpp"
+    check "$cxx $h alone, separate compilation" "$cxx" -std=c++20 -fsyntax-only "${strict[@]}" \
+      -DTENSORPLAY_SEPARATE_COMPILATION -I. "${system[@]}" "$tmp/alone.cpp"
   done
+  # tensorplay/src/library.cpp, which compiles every definition out of line.
+  check "$cxx tensorplay/src/library.cpp" "$cxx" -std=c++20 -fsyntax-only "${strict[@]}" \
+    -DTENSORPLAY_SEPARATE_COMPILATION -I. "${system[@]}" tensorplay/src/library.cpp
   check "$cxx README idioms" "$cxx" -std=c++20 -fsyntax-only "${strict[@]}" -I. "${system[@]}" "$tmp/readme_idioms.cpp"
   tried=$((tried + 1))
 done
