@@ -817,6 +817,15 @@ TENSORPLAY_DECL bool PoolImpl::try_record(PendingUse& use) noexcept {
     spare_events_.push_back(std::exchange(use.event, nullptr));
     return false;
   }
+  // Another thread may have begun a capture on the stream between the check and the record:
+  // the event then belongs to that capture, and querying it (poll_pending) would invalidate the
+  // capture (CUDA_ERROR_CAPTURED_EVENT). Capturing now: the event is recorded again at a later
+  // poll, once the stream no longer captures (a record outside a capture makes it eager again).
+  if (cudaStreamIsCapturing(use.stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    spare_events_.push_back(std::exchange(use.event, nullptr));
+    return false;
+  }
   return true;
 }
 
@@ -831,9 +840,12 @@ TENSORPLAY_DECL void PoolImpl::poll_pending() noexcept {
         continue;
       }
       const cudaEvent_t event = use.ended ? use.ended->event : use.event;
-      if (cudaEventQuery(event) != cudaSuccess) {
+      if (const cudaError_t status = cudaEventQuery(event); status != cudaSuccess) {
         (void)cudaGetLastError();
         done = false;
+        // Not merely pending (a record that joined a capture which has ended since, say):
+        // recorded again at the next poll.
+        if (status != cudaErrorNotReady && !use.ended) spare_events_.push_back(std::exchange(use.event, nullptr));
       }
     }
     if (!done) return false;
