@@ -136,7 +136,9 @@ void update(benchmark::State& state) {
   BENCH_CUDA(cudaGraphDestroy(raw_graph));
 }
 
-// Host submit of a replay of a graph never updated and of one updated (same work).
+// Host submit of a replay of a graph never updated and of one updated (same work), ours and raw
+// CUDA's: an executable that cudaGraphExecUpdate patched may launch at another cost in CUDA
+// itself, which raw_after / raw_before shows.
 void replay_after_update(benchmark::State& state) {
   auto& f = fixture();
   const int kernels = sizes[state.range(0)];
@@ -145,8 +147,24 @@ void replay_after_update(benchmark::State& state) {
   tp::Graph after;
   after.capture([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
   (void)after.update([&](tp::StreamRef s) { f.issue(kernels, s); }, {.stream = f.stream});
+  cudaGraph_t raw_graph = f.raw_capture(kernels);
+  cudaGraphExec_t raw_before = nullptr;
+  cudaGraphExec_t raw_after = nullptr;
+  BENCH_CUDA(cudaGraphInstantiate(&raw_before, raw_graph, cudaGraphInstantiateFlagAutoFreeOnLaunch));
+  BENCH_CUDA(cudaGraphInstantiate(&raw_after, raw_graph, cudaGraphInstantiateFlagAutoFreeOnLaunch));
+  cudaGraph_t next = f.raw_capture(kernels);
+  cudaGraphExecUpdateResultInfo info{};
+  BENCH_CUDA(cudaGraphExecUpdate(raw_after, next, &info));
   const tp::StreamRef stream = f.stream;
-  bench::compare_submit(state, 64, {{"before", [&] { before.replay(stream); }}, {"after", [&] { after.replay(stream); }}});
+  bench::compare_submit(state, 64,
+                        {{"before", [&] { before.replay(stream); }},
+                         {"after", [&] { after.replay(stream); }},
+                         {"raw_before", [&] { BENCH_CUDA(cudaGraphLaunch(raw_before, stream)); }},
+                         {"raw_after", [&] { BENCH_CUDA(cudaGraphLaunch(raw_after, stream)); }}});
+  BENCH_CUDA(cudaGraphExecDestroy(raw_after));
+  BENCH_CUDA(cudaGraphExecDestroy(raw_before));
+  BENCH_CUDA(cudaGraphDestroy(next));
+  BENCH_CUDA(cudaGraphDestroy(raw_graph));
 }
 
 // The first replay (launch + completion) of a freshly captured graph, with and without upload.
@@ -205,6 +223,10 @@ int main(int argc, char** argv) {
       rows.push_back({kernels + ":   raw floor: raw / (reset() + capture())", raw / again, "x", ""});
       rows.push_back(bench::ratio_row(kernels + ": replay after update / before", us("replay_after_update", "after"),
                                       us("replay_after_update", "before"), 1.02));
+      rows.push_back({kernels + ":   raw CUDA's: replay after cudaGraphExecUpdate / before",
+                      us("replay_after_update", "raw_after") / us("replay_after_update", "raw_before"), "x", ""});
+      rows.push_back(bench::ratio_row(kernels + ": replay after update / raw after update", us("replay_after_update", "after"),
+                                      us("replay_after_update", "raw_after"), 1.05));
       rows.push_back({kernels + ": first replay (launch + sync), no upload", us("first_replay", "no_upload"), "us", ""});
       rows.push_back({kernels + ": first replay (launch + sync), upload", us("first_replay", "upload"), "us", ""});
     });
