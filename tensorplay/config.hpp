@@ -21,7 +21,10 @@
 //! and tensorplay/src/library.cpp, which defines TENSORPLAY_DEFINE_LIBRARY, compiles them once:
 //! a translation unit then costs little more than the standard headers it needs
 //! (docs/performance.md, "Compile time"). Each header ends with its definitions, under
-//! TENSORPLAY_DEFINE_BODIES, each marked TENSORPLAY_DECL.
+//! TENSORPLAY_DEFINE_BODIES, each marked TENSORPLAY_DECL. A header includes at its top what its
+//! declarations and templates need, and at the top of that section what only its definitions
+//! need: a separate-compilation translation unit never sees the allocator, the pool directory
+//! or the offload machinery, only the declarations that reach them.
 #if defined(TENSORPLAY_SEPARATE_COMPILATION)
 #define TENSORPLAY_DECL
 #if defined(TENSORPLAY_DEFINE_LIBRARY)

@@ -127,7 +127,7 @@ class DeviceTensor {
   // at every call, and the block's own are each behind a pointer.
   void remember_block() noexcept {
     data_ = static_cast<T*>(block_.ptr());
-    device_ = block_.pool() ? block_.pool()->device() : -1;
+    device_ = block_.device();
   }
 
   detail::PoolBlock block_;

@@ -3,9 +3,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/caching_allocator.hpp>
-#include <tensorplay/detail/device.hpp>
-#include <tensorplay/detail/pool_directory.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/stream.hpp>
 #include <tensorplay/version.hpp>
@@ -17,6 +14,10 @@
 #include <utility>
 
 namespace tensorplay {
+
+namespace detail {
+class PoolImpl;  // detail/caching_allocator.hpp
+}  // namespace detail
 
 //! Names one pool. Default-constructed, it names none. Comparable, hashable, printable.
 class PoolId {
@@ -166,6 +167,12 @@ struct PoolOptions {
 [[nodiscard]] TENSORPLAY_DECL Pool graph_pool_handle(PoolOptions options,
                                             tensorplay::source_location where = tensorplay::source_location::current());
 
+namespace detail {
+//! Throws usage_error when `pool` is offloaded (Pool::offload): its addresses have no device
+//! memory behind them. One relaxed load when it is not; nothing for an empty handle.
+TENSORPLAY_DECL void require_resident(const Pool& pool, const char* what);
+}  // namespace detail
+
 }  // namespace tensorplay
 
 // Hidden from Doxygen, which cannot place a specialisation of std::hash.
@@ -181,6 +188,9 @@ struct std::hash<tensorplay::PoolId> {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/caching_allocator.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/pool_directory.hpp>
 
 namespace tensorplay {
 
@@ -224,6 +234,10 @@ TENSORPLAY_DECL void Pool::restore(StreamRef stream, tensorplay::source_location
 }
 
 TENSORPLAY_DECL bool Pool::offloaded() const noexcept { return impl_ && impl_->offloaded(); }
+
+TENSORPLAY_DECL void detail::require_resident(const Pool& pool, const char* what) {
+  if (const auto& impl = pool.impl()) impl->require_resident(what);
+}
 
 TENSORPLAY_DECL std::size_t Pool::release_unused_default_memory() noexcept {
   return detail::PoolDirectory::instance().release_unused_default_memory();

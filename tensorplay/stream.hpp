@@ -3,7 +3,6 @@
 
 #include <tensorplay/config.hpp>
 #include <tensorplay/detail/device.hpp>
-#include <tensorplay/detail/thread_streams.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
 
@@ -117,6 +116,7 @@ class StreamGuard {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/thread_streams.hpp>
 
 namespace tensorplay {
 

@@ -15,7 +15,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/device.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
 
@@ -296,6 +295,7 @@ template <Tensor T>
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/device.hpp>
 
 namespace tensorplay::detail {
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <tensorplay/graph.hpp>
+#include <tensorplay/detail/caching_allocator.hpp>  // detail::round_up
 
 #include <boost/test/unit_test.hpp>
 

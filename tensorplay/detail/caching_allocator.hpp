@@ -26,10 +26,8 @@
 
 #include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/offload.hpp>
-#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
@@ -379,6 +377,8 @@ class PoolImpl {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 
 namespace tensorplay::detail {
 

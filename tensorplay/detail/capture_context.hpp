@@ -3,11 +3,7 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/caching_allocator.hpp>
-#include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/pool_directory.hpp>
-#include <tensorplay/detail/thread_streams.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
@@ -19,6 +15,9 @@
 #include <vector>
 
 namespace tensorplay::detail {
+
+class PoolImpl;  // detail/caching_allocator.hpp
+struct Block;
 
 //! What an open capture allocates from. A graph with no pool of its own gets a fresh private
 //! pool on the first allocation of its capture: most captures allocate nothing, and making a
@@ -56,6 +55,63 @@ class CaptureContext {
   std::shared_ptr<PoolImpl> pool_;
 };
 
+//! The device of an allocation's stream, asked of a caller's callable only when the default
+//! pool is the answer (the device of a capturing stream is the capture's, and CUDA will not
+//! tell it while the stream captures). Refers to the callable: lives no longer than the call.
+class DeviceQuery {
+ public:
+  template <class F>
+  explicit DeviceQuery(const F& f) noexcept
+      : context_(&f), call_([](const void* context) { return (*static_cast<const F*>(context))(); }) {}
+  int operator()() const { return call_(context_); }
+
+ private:
+  const void* context_;
+  int (*call_)(const void*);
+};
+
+//! One allocation: keeps its pool alive, gives the block back on destruction.
+class PoolBlock {
+ public:
+  PoolBlock() noexcept = default;
+  //! `bytes` for use on `stream`, from the pool of the capture `stream` belongs to, or else
+  //! from the default pool of the device `device_of()` names.
+  PoolBlock(std::size_t bytes, cudaStream_t stream, DeviceQuery device_of, const tensorplay::source_location& where);
+  template <class DeviceOf>
+  PoolBlock(std::size_t bytes, cudaStream_t stream, const DeviceOf& device_of, const tensorplay::source_location& where)
+      : PoolBlock(bytes, stream, DeviceQuery(device_of), where) {}
+  //! For use on this thread's current stream of the current device.
+  static PoolBlock on_current_stream(std::size_t bytes, const tensorplay::source_location& where);
+
+  PoolBlock(PoolBlock&& other) noexcept;
+  PoolBlock& operator=(PoolBlock&& other) noexcept;
+  PoolBlock(const PoolBlock&) = delete;
+  PoolBlock& operator=(const PoolBlock&) = delete;
+  ~PoolBlock();
+
+  [[nodiscard]] void* ptr() const noexcept;
+  [[nodiscard]] const std::shared_ptr<PoolImpl>& pool() const noexcept { return pool_; }
+  //! The device of the pool's memory; -1 when empty.
+  [[nodiscard]] int device() const noexcept;
+  void record_use(cudaStream_t stream) const;
+
+ private:
+  std::shared_ptr<PoolImpl> pool_;
+  Block* block_ = nullptr;
+};
+
+}  // namespace tensorplay::detail
+
+// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
+
+#if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/caching_allocator.hpp>
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/pool_directory.hpp>
+#include <tensorplay/detail/thread_streams.hpp>
+
+namespace tensorplay::detail {
+
 //! Where an allocation on `stream` goes: the pool of the capture the stream belongs to, or
 //! the default pool of the stream's device when the stream is not being captured.
 struct Route {
@@ -65,8 +121,7 @@ struct Route {
 
 //! `device_of()` is asked only when the default pool is the answer: the device of a
 //! capturing stream is the capture's (and CUDA will not tell it while the stream captures).
-template <class DeviceOf>
-Route route_allocation(cudaStream_t stream, DeviceOf&& device_of, const tensorplay::source_location& where) {
+TENSORPLAY_DECL Route route_allocation(cudaStream_t stream, const DeviceQuery& device_of, const tensorplay::source_location& where) {
   (void)where;
   auto& registry = CaptureRegistry::instance();
   if (registry.any_open()) {
@@ -81,41 +136,11 @@ Route route_allocation(cudaStream_t stream, DeviceOf&& device_of, const tensorpl
   return {PoolDirectory::instance().default_pool(device_of()), 0};
 }
 
-//! One allocation: keeps its pool alive, gives the block back on destruction.
-class PoolBlock {
- public:
-  PoolBlock() noexcept = default;
-  template <class DeviceOf>
-  PoolBlock(std::size_t bytes, cudaStream_t stream, DeviceOf&& device_of, const tensorplay::source_location& where) {
-    Route route = route_allocation(stream, device_of, where);
-    block_ = route.pool->allocate(bytes, stream, route.seq, where);
-    pool_ = std::move(route.pool);
-  }
-  //! For use on this thread's current stream of the current device.
-  static PoolBlock on_current_stream(std::size_t bytes, const tensorplay::source_location& where);
-
-  PoolBlock(PoolBlock&& other) noexcept;
-  PoolBlock& operator=(PoolBlock&& other) noexcept;
-  PoolBlock(const PoolBlock&) = delete;
-  PoolBlock& operator=(const PoolBlock&) = delete;
-  ~PoolBlock();
-
-  [[nodiscard]] void* ptr() const noexcept;
-  [[nodiscard]] const std::shared_ptr<PoolImpl>& pool() const noexcept { return pool_; }
-  void record_use(cudaStream_t stream) const;
-
- private:
-  std::shared_ptr<PoolImpl> pool_;
-  Block* block_ = nullptr;
-};
-
-}  // namespace tensorplay::detail
-
-// ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
-
-#if TENSORPLAY_DEFINE_BODIES
-
-namespace tensorplay::detail {
+TENSORPLAY_DECL PoolBlock::PoolBlock(std::size_t bytes, cudaStream_t stream, DeviceQuery device_of, const tensorplay::source_location& where) {
+  Route route = route_allocation(stream, device_of, where);
+  block_ = route.pool->allocate(bytes, stream, route.seq, where);
+  pool_ = std::move(route.pool);
+}
 
 TENSORPLAY_DECL void CaptureContext::open(int device, cudaStream_t stream, CaptureSeq seq, std::shared_ptr<PoolImpl> pool) noexcept {
   device_ = device;
@@ -177,6 +202,8 @@ TENSORPLAY_DECL PoolBlock& PoolBlock::operator=(PoolBlock&& other) noexcept {
 TENSORPLAY_DECL PoolBlock::~PoolBlock() {
   if (block_ != nullptr) pool_->free(block_);
 }
+
+TENSORPLAY_DECL int PoolBlock::device() const noexcept { return pool_ ? pool_->device() : -1; }
 
 TENSORPLAY_DECL void* PoolBlock::ptr() const noexcept { return block_ == nullptr ? nullptr : block_->ptr; }
 

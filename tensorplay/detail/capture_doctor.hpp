@@ -20,12 +20,7 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_doctor_cupti.hpp>
-#include <tensorplay/detail/capture_doctor_evidence.hpp>
-#include <tensorplay/detail/capture_doctor_log.hpp>
-#include <tensorplay/detail/capture_doctor_names.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
@@ -138,6 +133,11 @@ class CaptureDoctor {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_doctor_cupti.hpp>
+#include <tensorplay/detail/capture_doctor_evidence.hpp>
+#include <tensorplay/detail/capture_doctor_log.hpp>
+#include <tensorplay/detail/capture_doctor_names.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
 
 namespace tensorplay::detail {
 

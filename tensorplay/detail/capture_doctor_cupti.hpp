@@ -13,7 +13,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_doctor_evidence.hpp>
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -90,6 +89,7 @@ class CuptiWatch {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_doctor_evidence.hpp>
 
 namespace tensorplay::detail {
 

@@ -11,7 +11,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_doctor_cupti.hpp>
 #include <tensorplay/detail/capture_doctor_log.hpp>
 
 #include <atomic>
@@ -47,6 +46,7 @@ class CaptureDoctorWatch {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_doctor_cupti.hpp>
 
 namespace tensorplay::detail {
 

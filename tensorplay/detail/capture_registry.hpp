@@ -19,8 +19,6 @@
 #include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_doctor_watch.hpp>
 #include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/device_guard.hpp>
-#include <tensorplay/detail/thread_id.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
@@ -177,6 +175,8 @@ class CaptureRegistry {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/device_guard.hpp>
+#include <tensorplay/detail/thread_id.hpp>
 
 namespace tensorplay::detail {
 

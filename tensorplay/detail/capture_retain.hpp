@@ -8,10 +8,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_context.hpp>
-#include <tensorplay/detail/capture_doctor.hpp>
-#include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
 
@@ -33,6 +29,10 @@ TENSORPLAY_DECL void retain_on_capture(cudaStream_t stream, cudaUserObject_t obj
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_context.hpp>
+#include <tensorplay/detail/capture_doctor.hpp>
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
 
 namespace tensorplay::detail {
 

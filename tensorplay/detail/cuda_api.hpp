@@ -7,7 +7,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/fault_injection.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
@@ -81,6 +80,7 @@ TENSORPLAY_DECL cudaError_t exec_update(cudaGraphExec_t exec, cudaGraph_t graph,
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/fault_injection.hpp>
 
 namespace tensorplay::detail {
 

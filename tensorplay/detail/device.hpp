@@ -2,8 +2,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/device_guard.hpp>
 #include <tensorplay/error.hpp>
 
@@ -53,6 +51,8 @@ class RelaxedCaptureMode {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
 
 namespace tensorplay::detail {
 

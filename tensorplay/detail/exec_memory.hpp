@@ -33,9 +33,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/driver_api.hpp>
-#include <tensorplay/detail/graph_topology.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
 
@@ -206,6 +203,9 @@ TENSORPLAY_DECL std::size_t modelled_exec_bytes(cudaGraph_t graph, const Conditi
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/driver_api.hpp>
+#include <tensorplay/detail/graph_topology.hpp>
 
 namespace tensorplay::detail {
 

@@ -7,8 +7,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
 
@@ -44,6 +42,8 @@ struct GraphTopology {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 
 namespace tensorplay::detail {
 

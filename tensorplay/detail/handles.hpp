@@ -7,8 +7,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/device.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
@@ -72,6 +70,8 @@ using UserObjectRef = UniqueHandle<cudaUserObject_t, &release_user_object>;
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/device.hpp>
 
 namespace tensorplay::detail {
 

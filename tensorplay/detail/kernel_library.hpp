@@ -8,9 +8,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/device.hpp>
-#include <tensorplay/detail/kernels/fatbin.hpp>
 #include <tensorplay/detail/kernels/kernel_abi.hpp>
 #include <tensorplay/error.hpp>
 
@@ -101,6 +98,9 @@ TENSORPLAY_DECL void launch(const void* kernel, dim3 grid, dim3 block, cudaStrea
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/kernels/fatbin.hpp>
 
 namespace tensorplay::detail {
 

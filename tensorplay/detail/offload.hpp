@@ -15,9 +15,7 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
 #include <tensorplay/detail/offload_image.hpp>
-#include <tensorplay/detail/vmm_api.hpp>
 #include <tensorplay/detail/vmm_segments.hpp>
 #include <tensorplay/error.hpp>
 
@@ -69,6 +67,8 @@ class OffloadState {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/vmm_api.hpp>
 
 namespace tensorplay::detail {
 

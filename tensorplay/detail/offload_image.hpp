@@ -8,8 +8,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/vmm_api.hpp>
 
 #include <cuda_runtime_api.h>
@@ -63,6 +61,8 @@ class HostImage {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/device.hpp>
 
 namespace tensorplay::detail {
 

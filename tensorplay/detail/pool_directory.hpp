@@ -4,10 +4,6 @@
 
 #include <tensorplay/config.hpp>
 #include <tensorplay/detail/caching_allocator.hpp>
-#include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/device.hpp>
-#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
 
 #include <cuda_runtime_api.h>
@@ -71,6 +67,10 @@ class PoolDirectory {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 
 namespace tensorplay::detail {
 

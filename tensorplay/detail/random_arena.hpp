@@ -19,10 +19,6 @@
 #pragma once
 
 #include <tensorplay/detail/capture_context.hpp>
-#include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/device.hpp>
-#include <tensorplay/detail/handles.hpp>
 #include <tensorplay/detail/kernels/kernel_abi.hpp>
 #include <tensorplay/detail/stream_lifetime.hpp>
 #include <tensorplay/config.hpp>
@@ -159,6 +155,10 @@ class RandomArena {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/handles.hpp>
 
 namespace tensorplay::detail {
 

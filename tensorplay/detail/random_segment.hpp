@@ -17,14 +17,8 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_context.hpp>
-#include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/kernel_library.hpp>
-#include <tensorplay/detail/kernels/kernel_abi.hpp>
 #include <tensorplay/detail/random_arena.hpp>
-#include <tensorplay/detail/random_epoch.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
 
@@ -92,6 +86,12 @@ class RandomSegments {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_context.hpp>
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/kernels/kernel_abi.hpp>
+#include <tensorplay/detail/random_epoch.hpp>
 
 namespace tensorplay::detail {
 

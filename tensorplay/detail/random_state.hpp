@@ -8,12 +8,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/device.hpp>
-#include <tensorplay/detail/driver_api.hpp>
-#include <tensorplay/detail/kernel_library.hpp>
-#include <tensorplay/detail/kernels/kernel_abi.hpp>
-#include <tensorplay/detail/random_arena.hpp>
 #include <tensorplay/detail/random_segment.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
@@ -68,6 +62,12 @@ class RandomStateImpl {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/driver_api.hpp>
+#include <tensorplay/detail/kernel_library.hpp>
+#include <tensorplay/detail/kernels/kernel_abi.hpp>
+#include <tensorplay/detail/random_arena.hpp>
 
 namespace tensorplay::detail {
 

@@ -18,8 +18,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/kernels/kernel_abi.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
@@ -134,6 +132,8 @@ class RingGraveyard {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/device.hpp>
 
 namespace tensorplay::detail {
 

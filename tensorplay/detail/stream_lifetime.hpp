@@ -11,9 +11,7 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_registry.hpp>
 #include <tensorplay/detail/handles.hpp>
-#include <tensorplay/detail/pool_directory.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -32,6 +30,8 @@ using OwnedStream = UniqueHandle<cudaStream_t, &destroy_owned_stream>;
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/pool_directory.hpp>
 
 namespace tensorplay::detail {
 

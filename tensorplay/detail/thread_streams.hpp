@@ -3,7 +3,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/stream_lifetime.hpp>
 #include <tensorplay/error.hpp>
 
@@ -52,6 +51,7 @@ TENSORPLAY_DECL cudaStream_t side_stream(int device, const tensorplay::source_lo
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/device.hpp>
 
 namespace tensorplay::detail {
 

@@ -14,9 +14,6 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/device.hpp>
-#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/detail/vmm_api.hpp>
 #include <tensorplay/error.hpp>
 
@@ -109,6 +106,9 @@ class VmmSegments {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 
 namespace tensorplay::detail {
 

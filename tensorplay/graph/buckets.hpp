@@ -469,7 +469,7 @@ class GraphBuckets {
   }
 
   void launch_shared(std::size_t i, StreamRef stream, const tensorplay::source_location& where) {
-    if (pool_) pool_.impl()->require_resident("GraphBuckets::run");
+    detail::require_resident(pool_, "GraphBuckets::run");
     if (detail::is_capturing_or_false(stream.get())) [[unlikely]]
       detail::throw_usage("GraphBuckets::run: the stream is being captured; with share_executables a bucket cannot be "
                           "added to another capture (run it outside the capture, or share no executables)");

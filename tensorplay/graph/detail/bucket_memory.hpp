@@ -13,16 +13,8 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/device.hpp>
-#include <tensorplay/detail/exec_memory.hpp>
-#include <tensorplay/detail/graph_topology.hpp>
-#include <tensorplay/detail/reaper.hpp>
-#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
-#include <tensorplay/graph/graph.hpp>
 #include <tensorplay/graph/piecewise.hpp>
-#include <tensorplay/pool.hpp>
-#include <tensorplay/stream.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
@@ -174,6 +166,14 @@ MemoryEstimate held_ladder_memory(const Pool& pool, const Buckets& buckets, cons
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/exec_memory.hpp>
+#include <tensorplay/detail/graph_topology.hpp>
+#include <tensorplay/detail/reaper.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
+#include <tensorplay/graph/graph.hpp>
+#include <tensorplay/pool.hpp>
+#include <tensorplay/stream.hpp>
 
 namespace tensorplay {
 

@@ -12,14 +12,7 @@
 #include <tensorplay/config.hpp>
 #include <tensorplay/detail/exec_memory.hpp>
 #include <tensorplay/detail/capture_context.hpp>
-#include <tensorplay/detail/capture_doctor.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/device.hpp>
-#include <tensorplay/detail/driver_api.hpp>
-#include <tensorplay/detail/handles.hpp>
-#include <tensorplay/detail/kernel_library.hpp>
-#include <tensorplay/detail/stream_lifetime.hpp>
 #include <tensorplay/detail/thread_streams.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
@@ -167,6 +160,13 @@ class CaptureSession final : public CaptureOwner {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_doctor.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/driver_api.hpp>
+#include <tensorplay/detail/handles.hpp>
+#include <tensorplay/detail/kernel_library.hpp>
+#include <tensorplay/detail/stream_lifetime.hpp>
 
 namespace tensorplay::detail {
 

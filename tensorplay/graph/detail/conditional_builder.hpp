@@ -11,13 +11,8 @@
 
 #include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_doctor.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/device.hpp>
-#include <tensorplay/detail/driver_api.hpp>
-#include <tensorplay/detail/handles.hpp>
 #include <tensorplay/detail/kernel_library.hpp>
 #include <tensorplay/detail/random_epoch.hpp>
-#include <tensorplay/detail/graph_topology.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/detail/capture_session.hpp>
 #include <tensorplay/graph/options.hpp>
@@ -255,6 +250,11 @@ TENSORPLAY_DECL void close_body(CaptureSession& session, const tensorplay::sourc
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/driver_api.hpp>
+#include <tensorplay/detail/graph_topology.hpp>
+#include <tensorplay/detail/handles.hpp>
 
 namespace tensorplay::detail {
 

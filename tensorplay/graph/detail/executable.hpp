@@ -10,17 +10,12 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_registry.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/exec_memory.hpp>
 #include <tensorplay/detail/handles.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/detail/staging_nodes.hpp>
 #include <tensorplay/graph/options.hpp>
 #include <tensorplay/graph/detail/staging.hpp>
-#include <tensorplay/detail/staging_ring.hpp>
-#include <tensorplay/tensor.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
@@ -219,6 +214,11 @@ class Executable {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/staging_ring.hpp>
+#include <tensorplay/tensor.hpp>
 
 namespace tensorplay::detail {
 

@@ -16,9 +16,7 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/capture_retain.hpp>
 #include <tensorplay/detail/handles.hpp>
-#include <tensorplay/detail/reaper.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
 
@@ -96,6 +94,8 @@ class KeepAlive {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/capture_retain.hpp>
+#include <tensorplay/detail/reaper.hpp>
 
 namespace tensorplay::detail {
 

@@ -12,9 +12,7 @@
 
 #include <tensorplay/config.hpp>
 #include <tensorplay/detail/capture_context.hpp>
-#include <tensorplay/detail/kernel_library.hpp>
 #include <tensorplay/detail/kernels/kernel_abi.hpp>
-#include <tensorplay/detail/small_algorithm.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/tensor.hpp>
 #include <tensorplay/version.hpp>
@@ -403,6 +401,8 @@ void issue_unbatched(const StagePlan& plan, const S& dst, const I& src, int devi
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/kernel_library.hpp>
+#include <tensorplay/detail/small_algorithm.hpp>
 
 namespace tensorplay::detail {
 

@@ -17,10 +17,7 @@
 #pragma once
 
 #include <tensorplay/config.hpp>
-#include <tensorplay/detail/cuda_api.hpp>
-#include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/kernel_library.hpp>
-#include <tensorplay/detail/kernels/kernel_abi.hpp>
 #include <tensorplay/detail/staging_ring.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
@@ -186,6 +183,9 @@ class StagingNodes {
 // ---- definitions: inline, or compiled once in src/library.cpp (config.hpp) ------------------
 
 #if TENSORPLAY_DEFINE_BODIES
+#include <tensorplay/detail/cuda_api.hpp>
+#include <tensorplay/detail/device.hpp>
+#include <tensorplay/detail/kernels/kernel_abi.hpp>
 
 namespace tensorplay::detail {
 
