@@ -1,0 +1,238 @@
+// tools/probes/racecheck_raw.cu: thread_test's eight-thread case in raw CUDA, without tensorplay,
+// to tell whether compute-sanitizer racecheck's "failure to track a kernel launch" comes from the
+// library or from the tool (docs/reliability.md, section 12).
+//
+// The same workload as thread_test's eight_threads_capture_in_thread_local_mode_while_others_
+// replay_and_allocate: 8 threads capture in thread-local mode (graph allocations freed inside
+// the capture and kept past it, a while node whose body is captured with
+// cudaStreamBeginCaptureToGraph), instantiate, launch, check and destroy, in a loop; 2 threads
+// replay graphs of their own; 2 threads allocate from the default pool and launch kernels.
+// Every result is checked on the host. Prints "ok" and exits 0, or names the failed call.
+//
+//   nvcc -std=c++20 -arch=sm_90 -o racecheck_raw tools/probes/racecheck_raw.cu
+//   compute-sanitizer --tool racecheck ./racecheck_raw [CAPTURES_PER_THREAD]
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#define CHECK(call)                                                                                  \
+  do {                                                                                               \
+    const cudaError_t status_ = (call);                                                              \
+    if (status_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(status_)); \
+      std::exit(1);                                                                                  \
+    }                                                                                                \
+  } while (0)
+
+__global__ void affine(const unsigned* x, unsigned* y, int n, unsigned a, unsigned b) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = a * x[i] + b;
+}
+__global__ void add(unsigned* x, int n, unsigned v) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] += v;
+}
+__global__ void store(int* counter, int v) { *counter = v; }
+__global__ void decrement(int* counter) { --*counter; }
+__global__ void set_while(cudaGraphConditionalHandle handle, const int* counter) {
+  cudaGraphSetConditional(handle, *counter > 0 ? 1u : 0u);
+}
+
+namespace {
+
+std::vector<unsigned> download(const unsigned* device, int n, cudaStream_t s) {
+  std::vector<unsigned> host(static_cast<std::size_t>(n));
+  CHECK(cudaMemcpyAsync(host.data(), device, host.size() * sizeof(unsigned), cudaMemcpyDeviceToHost, s));
+  CHECK(cudaStreamSynchronize(s));
+  return host;
+}
+
+//! One capture of thread_test's body: temp = a*x+b; out = c*temp+d (kept); a while node adding 1
+//! to out `loops` times. Returns the instantiated graph; *out_ptr is the graph's allocation.
+cudaGraphExec_t capture_one(cudaStream_t s, cudaStream_t body_stream, const unsigned* x, int n, int* counter, unsigned a,
+                            unsigned b, unsigned c, unsigned d, int loops, bool with_while, unsigned** out_ptr) {
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  unsigned* temp = nullptr;
+  unsigned* out = nullptr;
+  CHECK(cudaMallocAsync(reinterpret_cast<void**>(&temp), n * sizeof(unsigned), s));
+  affine<<<1, 256, 0, s>>>(x, temp, n, a, b);
+  CHECK(cudaMallocAsync(reinterpret_cast<void**>(&out), n * sizeof(unsigned), s));
+  affine<<<1, 256, 0, s>>>(temp, out, n, c, d);
+  CHECK(cudaFreeAsync(temp, s));
+  if (with_while) {
+    store<<<1, 1, 0, s>>>(counter, loops);
+    cudaStreamCaptureStatus status{};
+    cudaGraph_t graph = nullptr;
+    const cudaGraphNode_t* deps = nullptr;
+    std::size_t count = 0;
+    CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph, &deps, nullptr, &count));
+    cudaGraphConditionalHandle handle{};
+    CHECK(cudaGraphConditionalHandleCreate(&handle, graph, 0, 0));
+    set_while<<<1, 1, 0, s>>>(handle, counter);
+    CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph, &deps, nullptr, &count));
+    cudaGraphNodeParams params{};
+    params.type = cudaGraphNodeTypeConditional;
+    params.conditional.handle = handle;
+    params.conditional.type = cudaGraphCondTypeWhile;
+    params.conditional.size = 1;
+    cudaGraphNode_t node = nullptr;
+    CHECK(cudaGraphAddNode(&node, graph, deps, nullptr, count, &params));
+    cudaGraph_t body = params.conditional.phGraph_out[0];
+    CHECK(cudaStreamBeginCaptureToGraph(body_stream, body, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal));
+    add<<<1, 256, 0, body_stream>>>(out, n, 1u);
+    decrement<<<1, 1, 0, body_stream>>>(counter);
+    set_while<<<1, 1, 0, body_stream>>>(handle, counter);
+    CHECK(cudaStreamEndCapture(body_stream, &body));
+    CHECK(cudaStreamUpdateCaptureDependencies(s, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
+  }
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK(cudaGraphDestroy(graph));
+  *out_ptr = out;
+  return exec;
+}
+
+std::atomic<int> failures{0};
+std::atomic<int> captured{0};  // captures finished, all threads: the watchdog's progress line
+
+void fail(const std::string& what) {
+  std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+  failures.fetch_add(1);
+}
+
+void capture_worker(int id, int captures) {
+  cudaStream_t s = nullptr, body = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK(cudaStreamCreateWithFlags(&body, cudaStreamNonBlocking));
+  const int n = 200 + 37 * id;
+  unsigned* x = nullptr;
+  int* counter = nullptr;
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&x), n * sizeof(unsigned)));
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&counter), sizeof(int)));
+  std::vector<unsigned> host_x(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) host_x[static_cast<std::size_t>(i)] = static_cast<unsigned>(i * 7 + id);
+  CHECK(cudaMemcpy(x, host_x.data(), host_x.size() * sizeof(unsigned), cudaMemcpyHostToDevice));
+  std::mt19937 rng(static_cast<unsigned>(1000 + id));
+  for (int k = 0; k < captures; ++k) {
+    const unsigned a = rng() % 7 + 1, b = rng(), c = rng() % 5 + 1, d = rng();
+    const int loops = static_cast<int>(rng() % 4);
+    const bool with_while = rng() % 2 == 1;
+    unsigned* out = nullptr;
+    cudaGraphExec_t exec = capture_one(s, body, x, n, counter, a, b, c, d, loops, with_while, &out);
+    CHECK(cudaGraphLaunch(exec, s));
+    const std::vector<unsigned> got = download(out, n, s);
+    for (int i = 0; i < n; ++i) {
+      const unsigned want = c * (a * host_x[static_cast<std::size_t>(i)] + b) + d + (with_while ? static_cast<unsigned>(loops) : 0u);
+      if (got[static_cast<std::size_t>(i)] != want) {
+        fail("capture thread " + std::to_string(id) + ", capture " + std::to_string(k) + ", element " + std::to_string(i));
+        break;
+      }
+    }
+    CHECK(cudaFreeAsync(out, s));  // the graph's allocation, kept past the launch, freed here
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaGraphExecDestroy(exec));
+    captured.fetch_add(1);
+  }
+  CHECK(cudaFree(x));
+  CHECK(cudaFree(counter));
+  CHECK(cudaStreamDestroy(body));
+  CHECK(cudaStreamDestroy(s));
+}
+
+void replay_worker(int id, const std::atomic<bool>& stop, std::atomic<long>& count) {
+  cudaStream_t s = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const int n = 512;
+  unsigned* x = nullptr;
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&x), n * sizeof(unsigned)));
+  CHECK(cudaMemsetAsync(x, 0, n * sizeof(unsigned), s));
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  add<<<1, 256, 0, s>>>(x, n, 1u);
+  add<<<1, 256, 0, s>>>(x, n, 2u);
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  long replays = 0;
+  while (!stop.load()) {
+    CHECK(cudaGraphLaunch(exec, s));
+    ++replays;
+    if (replays % 16 == 0) {
+      const std::vector<unsigned> got = download(x, n, s);
+      if (got[0] != static_cast<unsigned>(3 * replays)) fail("replay thread " + std::to_string(id));
+    }
+  }
+  CHECK(cudaStreamSynchronize(s));
+  count += replays;
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaFree(x));
+  CHECK(cudaStreamDestroy(s));
+}
+
+void allocate_worker(int id, const std::atomic<bool>& stop, std::atomic<long>& count) {
+  cudaStream_t s = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  long allocations = 0;
+  while (!stop.load()) {
+    const int n = 100 + static_cast<int>(allocations % 900);
+    unsigned* p = nullptr;
+    CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p), n * sizeof(unsigned), s));
+    CHECK(cudaMemsetAsync(p, 0, n * sizeof(unsigned), s));
+    add<<<1, 256, 0, s>>>(p, n, static_cast<unsigned>(id + 1));
+    const std::vector<unsigned> got = download(p, n, s);
+    if (got[static_cast<std::size_t>(n - 1)] != static_cast<unsigned>(id + 1)) fail("allocate thread " + std::to_string(id));
+    CHECK(cudaFreeAsync(p, s));
+    ++allocations;
+  }
+  CHECK(cudaStreamSynchronize(s));
+  count += allocations;
+  CHECK(cudaStreamDestroy(s));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int captures = argc > 1 ? std::atoi(argv[1]) : 24;
+  CHECK(cudaFree(nullptr));
+  {  // load every kernel first: under lazy loading a first load invalidates open captures
+    cudaFuncAttributes attributes{};
+    for (const void* kernel : {reinterpret_cast<const void*>(affine), reinterpret_cast<const void*>(add),
+                               reinterpret_cast<const void*>(store), reinterpret_cast<const void*>(decrement),
+                               reinterpret_cast<const void*>(set_while)})
+      CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<long> replays{0}, allocations{0};
+  std::vector<std::thread> background;
+  for (int id = 0; id < 2; ++id) background.emplace_back(replay_worker, id, std::cref(stop), std::ref(replays));
+  for (int id = 0; id < 2; ++id) background.emplace_back(allocate_worker, id, std::cref(stop), std::ref(allocations));
+  std::vector<std::thread> capturing;
+  for (int id = 0; id < 8; ++id) capturing.emplace_back(capture_worker, id, captures);
+  // Progress every 10 s on stderr, to tell a slow run from a stalled one.
+  std::atomic<bool> done{false};
+  std::thread watchdog([&] {
+    for (int s = 0; !done.load(); ++s) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (s % 100 == 99)
+        std::fprintf(stderr, "%3d s: %d of %d captures\n", (s + 1) / 10, captured.load(), 8 * captures);
+    }
+  });
+  for (std::thread& t : capturing) t.join();
+  done.store(true);
+  watchdog.join();
+  stop.store(true);
+  for (std::thread& t : background) t.join();
+  std::printf("8 x %d captures, %ld replays, %ld allocations, %d failures\n", captures, replays.load(), allocations.load(),
+              failures.load());
+  if (failures.load() != 0 || replays.load() == 0 || allocations.load() == 0) return 1;
+  std::printf("ok\n");
+  return 0;
+}
