@@ -110,19 +110,27 @@ function(tensorplay_add_cuda_rpath target)
   target_link_options(${target} INTERFACE "${option}")
 endfunction()
 
-# tensorplay::compiled: the same headers, with the library's non-template functions compiled once
-# (`source`, tensorplay/src/library.cpp, built here by the consumer's C++ compiler) instead of in
-# every translation unit that includes them (tensorplay/config.hpp, TENSORPLAY_SEPARATE_COMPILATION,
-# defined for everything that links it). Defined when the C++ language is enabled. A program
-# links tensorplay::compiled or uses tensorplay::tensorplay alone, never both.
-function(tensorplay_add_compiled_target source target)
+# tensorplay::tensorplay, the target programs link: the headers (`headers`, the INTERFACE target
+# tensorplay::header_only) with the library's non-template functions compiled once (`source`,
+# tensorplay/src/library.cpp, built here by the consumer's C++ compiler) instead of in every
+# translation unit that includes them (tensorplay/config.hpp, TENSORPLAY_SEPARATE_COMPILATION,
+# defined for everything that links it). When the consumer has not enabled C++, there is no
+# compiler for that source: tensorplay::tensorplay is then the header-only target. A program links
+# tensorplay::tensorplay or tensorplay::header_only, never both. tensorplay::compiled is the
+# name the compiled target had before it became the default.
+function(tensorplay_add_default_target source headers)
+  if(TARGET tensorplay::tensorplay)
+    return()
+  endif()
   get_property(languages GLOBAL PROPERTY ENABLED_LANGUAGES)
-  if(TARGET tensorplay::compiled OR NOT "CXX" IN_LIST languages)
+  if(NOT "CXX" IN_LIST languages)
+    add_library(tensorplay::tensorplay ALIAS ${headers})
     return()
   endif()
   add_library(tensorplay_compiled STATIC "${source}")
+  add_library(tensorplay::tensorplay ALIAS tensorplay_compiled)
   add_library(tensorplay::compiled ALIAS tensorplay_compiled)
-  target_link_libraries(tensorplay_compiled PUBLIC ${target})
+  target_link_libraries(tensorplay_compiled PUBLIC ${headers})
   target_compile_definitions(tensorplay_compiled PUBLIC TENSORPLAY_SEPARATE_COMPILATION)
   set_target_properties(tensorplay_compiled PROPERTIES POSITION_INDEPENDENT_CODE ON)
 endfunction()

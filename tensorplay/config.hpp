@@ -14,10 +14,11 @@
 #define TENSORPLAY_PROCESS_WIDE
 #endif
 
-//! How the library's non-template functions are compiled. By default tensorplay is header-only:
-//! every translation unit that includes it compiles them, as inline functions. With
-//! TENSORPLAY_SEPARATE_COMPILATION defined (for every translation unit of the program: Bazel's
-//! //:tensorplay_compiled and CMake's tensorplay::compiled define it), the headers declare them
+//! How the library's non-template functions are compiled. Included with `nvcc -I` alone (or
+//! through Bazel's //:tensorplay_header_only, CMake's tensorplay::header_only), tensorplay is
+//! header-only: every translation unit that includes it compiles them, as inline functions. With
+//! TENSORPLAY_SEPARATE_COMPILATION defined (for every translation unit of the program: the default
+//! targets, Bazel's //:tensorplay and CMake's tensorplay::tensorplay, define it), the headers declare them
 //! and tensorplay/src/library.cpp, which defines TENSORPLAY_DEFINE_LIBRARY, compiles them once:
 //! a translation unit then costs little more than the standard headers it needs
 //! (docs/performance.md, "Compile time"). Each header ends with its definitions, under

@@ -1,6 +1,6 @@
 // tensorplay/src/library.cpp: the library's non-template functions, compiled once, for programs
-// built with TENSORPLAY_SEPARATE_COMPILATION (tensorplay/config.hpp; Bazel's
-// //:tensorplay_compiled and CMake's tensorplay::compiled build this file and define it for
+// built with TENSORPLAY_SEPARATE_COMPILATION (tensorplay/config.hpp; the default targets,
+// Bazel's //:tensorplay and CMake's tensorplay::tensorplay, build this file and define it for
 // their dependents). Header-only programs do not use this file.
 //
 // Every header that <tensorplay/graph.hpp> brings ends with its definitions, under
