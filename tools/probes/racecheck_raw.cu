@@ -10,7 +10,10 @@
 // Every result is checked on the host. Prints "ok" and exits 0, or names the failed call.
 //
 //   nvcc -std=c++20 -arch=sm_90 -o racecheck_raw tools/probes/racecheck_raw.cu
-//   compute-sanitizer --tool racecheck ./racecheck_raw [CAPTURES_PER_THREAD]
+//   compute-sanitizer --tool racecheck ./racecheck_raw [CAPTURES_PER_THREAD [EXIT_AFTER_S]]
+//
+// EXIT_AFTER_S > 0 ends the process with std::_Exit(3) after that many seconds, while the threads
+// still capture and launch: what thread_test's wait_all does when a case passes its deadline.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -201,6 +204,7 @@ void allocate_worker(int id, const std::atomic<bool>& stop, std::atomic<long>& c
 
 int main(int argc, char** argv) {
   const int captures = argc > 1 ? std::atoi(argv[1]) : 24;
+  const int exit_after_s = argc > 2 ? std::atoi(argv[2]) : 0;
   CHECK(cudaFree(nullptr));
   {  // load every kernel first: under lazy loading a first load invalidates open captures
     cudaFuncAttributes attributes{};
@@ -223,6 +227,11 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       if (s % 100 == 99)
         std::fprintf(stderr, "%3d s: %d of %d captures\n", (s + 1) / 10, captured.load(), 8 * captures);
+      if (exit_after_s > 0 && s + 1 == 10 * exit_after_s) {
+        std::fprintf(stderr, "%d s: _Exit(3) with %d of %d captures done, threads still running\n", exit_after_s,
+                     captured.load(), 8 * captures);
+        std::_Exit(3);
+      }
     }
   });
   for (std::thread& t : capturing) t.join();
