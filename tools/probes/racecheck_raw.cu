@@ -10,11 +10,23 @@
 // Every result is checked on the host. Prints "ok" and exits 0, or names the failed call.
 //
 //   nvcc -std=c++20 -arch=sm_90 -o racecheck_raw tools/probes/racecheck_raw.cu
-//   compute-sanitizer --tool racecheck ./racecheck_raw [CAPTURES_PER_THREAD [EXIT_AFTER_S]]
+//   compute-sanitizer --tool racecheck ./racecheck_raw [CAPTURES_PER_THREAD [EXIT_AFTER_S [FEATURES]]]
 //
 // EXIT_AFTER_S > 0 ends the process with std::_Exit(3) after that many seconds, while the threads
 // still capture and launch: what thread_test's wait_all does when a case passes its deadline.
+// FEATURES, comma-separated, bring the twin closer to what tensorplay does in that case:
+//   pdl  each set-condition kernel is captured as tensorplay captures its set-handle kernels after
+//        a single kernel: with cudaLaunchAttributeProgrammaticStreamSerialization (a programmatic
+//        edge), the kernel waiting with cudaGridDependencySynchronize. Without it, a plain launch
+//        (the kernel's wait is then a no-op).
+//   if   a third of the captures add an if node on a per-thread bool flag (as thread_test's
+//        if_(flag, ...)), its handle set by tensorplay's own kernel tensorplay_set_handle_b8, taken
+//        from the library's generated fatbin (tensorplay/detail/kernels/fatbin.hpp, the kernel
+//        image only, no tensorplay host code), loaded with cudaLibraryLoadData and launched by its
+//        cudaKernel_t; another third add the while node (without "if": half of them).
 #include <cuda_runtime.h>
+
+#include "../../tensorplay/detail/kernels/fatbin.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -43,10 +55,113 @@ __global__ void add(unsigned* x, int n, unsigned v) {
 __global__ void store(int* counter, int v) { *counter = v; }
 __global__ void decrement(int* counter) { --*counter; }
 __global__ void set_while(cudaGraphConditionalHandle handle, const int* counter) {
+  cudaGridDependencySynchronize();
   cudaGraphSetConditional(handle, *counter > 0 ? 1u : 0u);
 }
 
 namespace {
+
+bool programmatic = false;  // "pdl": set kernels follow their kernel through a programmatic edge
+bool with_if_nodes = false;  // "if"
+cudaKernel_t library_set_bool = nullptr;  // tensorplay_set_handle_b8, loaded by load_library_kernel
+
+//! A one-thread launch of `kernel` on `s`, with a programmatic edge in "pdl" mode.
+void launch_set_kernel(cudaStream_t s, const void* kernel, void** args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(1);
+  config.stream = s;
+  config.attrs = programmatic ? &attribute : nullptr;
+  config.numAttrs = programmatic ? 1 : 0;
+  CHECK(cudaLaunchKernelExC(&config, kernel, args));
+}
+
+void launch_set_while(cudaStream_t s, cudaGraphConditionalHandle handle, const int* counter) {
+  void* args[] = {&handle, &counter};
+  launch_set_kernel(s, reinterpret_cast<const void*>(set_while), args);
+}
+
+//! Loads tensorplay's kernel image (base64 in fatbin.hpp) and takes its bool set-handle kernel.
+void load_library_kernel() {
+#if !defined(__CUDA_ARCH__)  // the fatbin is host data: nvcc's device pass does not see it
+  static std::vector<unsigned long long> image(tensorplay::detail::kernels::fatbin_bytes / 8 + 1);
+  auto* out = reinterpret_cast<unsigned char*>(image.data());
+  const char* text = tensorplay::detail::kernels::fatbin_base64;
+  auto sextet = [](char c) -> unsigned {
+    if (c >= 'A' && c <= 'Z') return static_cast<unsigned>(c - 'A');
+    if (c >= 'a' && c <= 'z') return static_cast<unsigned>(c - 'a') + 26u;
+    if (c >= '0' && c <= '9') return static_cast<unsigned>(c - '0') + 52u;
+    return c == '+' ? 62u : (c == '/' ? 63u : 0u);
+  };
+  std::size_t o = 0;
+  for (std::size_t i = 0; i + 3 < sizeof(tensorplay::detail::kernels::fatbin_base64) - 1; i += 4) {
+    unsigned bits = 0;
+    for (int k = 0; k < 4; ++k) bits = bits << 6 | sextet(text[i + static_cast<std::size_t>(k)]);
+    out[o++] = static_cast<unsigned char>(bits >> 16);
+    if (text[i + 2] != '=') out[o++] = static_cast<unsigned char>(bits >> 8);
+    if (text[i + 3] != '=') out[o++] = static_cast<unsigned char>(bits);
+  }
+  cudaLibrary_t library = nullptr;
+  CHECK(cudaLibraryLoadData(&library, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CHECK(cudaLibraryGetKernel(&library_set_bool, library, "tensorplay_set_handle_b8"));
+  cudaFuncAttributes attributes{};
+  CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(library_set_bool)));
+#endif
+}
+
+//! A conditional node being captured: its handle, the node, and the stream capturing its body.
+struct Conditional {
+  cudaGraphConditionalHandle handle{};
+  cudaGraphNode_t node = nullptr;
+  cudaStream_t body_stream = nullptr;
+};
+
+//! At the current point of the capture on `s`: creates a handle, captures `launch_set(handle)`
+//! (the kernel that sets it), adds a conditional node of `type` after it, and begins capturing
+//! the node's body on `body_stream`. end_conditional ends the body.
+template <class LaunchSet>
+Conditional begin_conditional(cudaStream_t s, cudaStream_t body_stream, cudaGraphConditionalNodeType type, LaunchSet launch_set) {
+  cudaStreamCaptureStatus status{};
+  cudaGraph_t graph = nullptr;
+  const cudaGraphNode_t* deps = nullptr;
+  std::size_t count = 0;
+  Conditional c;
+  c.body_stream = body_stream;
+  CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph, &deps, nullptr, &count));
+  CHECK(cudaGraphConditionalHandleCreate(&c.handle, graph, 0, 0));
+  launch_set(c.handle);
+  CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph, &deps, nullptr, &count));
+  cudaGraphNodeParams params{};
+  params.type = cudaGraphNodeTypeConditional;
+  params.conditional.handle = c.handle;
+  params.conditional.type = type;
+  params.conditional.size = 1;
+  CHECK(cudaGraphAddNode(&c.node, graph, deps, nullptr, count, &params));
+  cudaGraph_t body = params.conditional.phGraph_out[0];
+  CHECK(cudaStreamBeginCaptureToGraph(body_stream, body, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal));
+  return c;
+}
+
+//! Ends the body's capture; the node becomes the point where the capture on `s` goes on.
+void end_conditional(cudaStream_t s, Conditional c) {
+  cudaGraph_t body = nullptr;
+  CHECK(cudaStreamEndCapture(c.body_stream, &body));
+  CHECK(cudaStreamUpdateCaptureDependencies(s, &c.node, nullptr, 1, cudaStreamSetCaptureDependencies));
+}
+
+//! Adds an if node whose handle the library's kernel sets from *flag (after the kernel just
+//! captured); its body adds 1 to out.
+void capture_if(cudaStream_t s, cudaStream_t body_stream, const bool* flag, unsigned* out, int n) {
+  const Conditional c = begin_conditional(s, body_stream, cudaGraphCondTypeIf, [&](cudaGraphConditionalHandle handle) {
+    void* args[] = {&handle, &flag};
+    launch_set_kernel(s, reinterpret_cast<const void*>(library_set_bool), args);
+  });
+  add<<<1, 256, 0, body_stream>>>(out, n, 1u);
+  end_conditional(s, c);
+}
 
 std::vector<unsigned> download(const unsigned* device, int n, cudaStream_t s) {
   std::vector<unsigned> host(static_cast<std::size_t>(n));
@@ -58,7 +173,8 @@ std::vector<unsigned> download(const unsigned* device, int n, cudaStream_t s) {
 //! One capture of thread_test's body: temp = a*x+b; out = c*temp+d (kept); a while node adding 1
 //! to out `loops` times. Returns the instantiated graph; *out_ptr is the graph's allocation.
 cudaGraphExec_t capture_one(cudaStream_t s, cudaStream_t body_stream, const unsigned* x, int n, int* counter, unsigned a,
-                            unsigned b, unsigned c, unsigned d, int loops, bool with_while, unsigned** out_ptr) {
+                            unsigned b, unsigned c, unsigned d, int loops, bool with_while, const bool* flag,
+                            unsigned** out_ptr) {
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   unsigned* temp = nullptr;
   unsigned* out = nullptr;
@@ -66,32 +182,17 @@ cudaGraphExec_t capture_one(cudaStream_t s, cudaStream_t body_stream, const unsi
   affine<<<1, 256, 0, s>>>(x, temp, n, a, b);
   CHECK(cudaMallocAsync(reinterpret_cast<void**>(&out), n * sizeof(unsigned), s));
   affine<<<1, 256, 0, s>>>(temp, out, n, c, d);
+  if (flag != nullptr) capture_if(s, body_stream, flag, out, n);
   CHECK(cudaFreeAsync(temp, s));
   if (with_while) {
     store<<<1, 1, 0, s>>>(counter, loops);
-    cudaStreamCaptureStatus status{};
-    cudaGraph_t graph = nullptr;
-    const cudaGraphNode_t* deps = nullptr;
-    std::size_t count = 0;
-    CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph, &deps, nullptr, &count));
-    cudaGraphConditionalHandle handle{};
-    CHECK(cudaGraphConditionalHandleCreate(&handle, graph, 0, 0));
-    set_while<<<1, 1, 0, s>>>(handle, counter);
-    CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph, &deps, nullptr, &count));
-    cudaGraphNodeParams params{};
-    params.type = cudaGraphNodeTypeConditional;
-    params.conditional.handle = handle;
-    params.conditional.type = cudaGraphCondTypeWhile;
-    params.conditional.size = 1;
-    cudaGraphNode_t node = nullptr;
-    CHECK(cudaGraphAddNode(&node, graph, deps, nullptr, count, &params));
-    cudaGraph_t body = params.conditional.phGraph_out[0];
-    CHECK(cudaStreamBeginCaptureToGraph(body_stream, body, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal));
+    const Conditional loop = begin_conditional(s, body_stream, cudaGraphCondTypeWhile, [&](cudaGraphConditionalHandle handle) {
+      launch_set_while(s, handle, counter);  // follows the store kernel
+    });
     add<<<1, 256, 0, body_stream>>>(out, n, 1u);
     decrement<<<1, 1, 0, body_stream>>>(counter);
-    set_while<<<1, 1, 0, body_stream>>>(handle, counter);
-    CHECK(cudaStreamEndCapture(body_stream, &body));
-    CHECK(cudaStreamUpdateCaptureDependencies(s, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
+    launch_set_while(body_stream, loop.handle, counter);  // follows the decrement kernel
+    end_conditional(s, loop);
   }
   cudaGraph_t graph = nullptr;
   CHECK(cudaStreamEndCapture(s, &graph));
@@ -117,8 +218,10 @@ void capture_worker(int id, int captures) {
   const int n = 200 + 37 * id;
   unsigned* x = nullptr;
   int* counter = nullptr;
+  bool* flag = nullptr;
   CHECK(cudaMalloc(reinterpret_cast<void**>(&x), n * sizeof(unsigned)));
   CHECK(cudaMalloc(reinterpret_cast<void**>(&counter), sizeof(int)));
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&flag), sizeof(bool)));
   std::vector<unsigned> host_x(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) host_x[static_cast<std::size_t>(i)] = static_cast<unsigned>(i * 7 + id);
   CHECK(cudaMemcpy(x, host_x.data(), host_x.size() * sizeof(unsigned), cudaMemcpyHostToDevice));
@@ -126,13 +229,18 @@ void capture_worker(int id, int captures) {
   for (int k = 0; k < captures; ++k) {
     const unsigned a = rng() % 7 + 1, b = rng(), c = rng() % 5 + 1, d = rng();
     const int loops = static_cast<int>(rng() % 4);
-    const bool with_while = rng() % 2 == 1;
+    // Without "if": half the captures have a while node. With it, as thread_test: plain, if, while.
+    const unsigned shape = with_if_nodes ? rng() % 3 : (rng() % 2 == 1 ? 2u : 0u);
+    const bool with_while = shape == 2;
+    const bool taken = with_if_nodes && rng() % 2 == 1;
     unsigned* out = nullptr;
-    cudaGraphExec_t exec = capture_one(s, body, x, n, counter, a, b, c, d, loops, with_while, &out);
+    cudaGraphExec_t exec = capture_one(s, body, x, n, counter, a, b, c, d, loops, with_while, shape == 1 ? flag : nullptr, &out);
+    CHECK(cudaMemcpyAsync(flag, &taken, sizeof(bool), cudaMemcpyHostToDevice, s));
     CHECK(cudaGraphLaunch(exec, s));
     const std::vector<unsigned> got = download(out, n, s);
     for (int i = 0; i < n; ++i) {
-      const unsigned want = c * (a * host_x[static_cast<std::size_t>(i)] + b) + d + (with_while ? static_cast<unsigned>(loops) : 0u);
+      const unsigned want = c * (a * host_x[static_cast<std::size_t>(i)] + b) + d + (with_while ? static_cast<unsigned>(loops) : 0u) +
+                           (shape == 1 && taken ? 1u : 0u);
       if (got[static_cast<std::size_t>(i)] != want) {
         fail("capture thread " + std::to_string(id) + ", capture " + std::to_string(k) + ", element " + std::to_string(i));
         break;
@@ -145,6 +253,7 @@ void capture_worker(int id, int captures) {
   }
   CHECK(cudaFree(x));
   CHECK(cudaFree(counter));
+  CHECK(cudaFree(flag));
   CHECK(cudaStreamDestroy(body));
   CHECK(cudaStreamDestroy(s));
 }
@@ -205,6 +314,9 @@ void allocate_worker(int id, const std::atomic<bool>& stop, std::atomic<long>& c
 int main(int argc, char** argv) {
   const int captures = argc > 1 ? std::atoi(argv[1]) : 24;
   const int exit_after_s = argc > 2 ? std::atoi(argv[2]) : 0;
+  const std::string features = argc > 3 ? argv[3] : "";
+  programmatic = features.find("pdl") != std::string::npos;
+  with_if_nodes = features.find("if") != std::string::npos;
   CHECK(cudaFree(nullptr));
   {  // load every kernel first: under lazy loading a first load invalidates open captures
     cudaFuncAttributes attributes{};
@@ -213,6 +325,7 @@ int main(int argc, char** argv) {
                                reinterpret_cast<const void*>(set_while)})
       CHECK(cudaFuncGetAttributes(&attributes, kernel));
   }
+  if (with_if_nodes) load_library_kernel();
   std::atomic<bool> stop{false};
   std::atomic<long> replays{0}, allocations{0};
   std::vector<std::thread> background;
