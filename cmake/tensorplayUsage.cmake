@@ -133,4 +133,12 @@ function(tensorplay_add_default_target source headers)
   target_link_libraries(tensorplay_compiled PUBLIC ${headers})
   target_compile_definitions(tensorplay_compiled PUBLIC TENSORPLAY_SEPARATE_COMPILATION)
   set_target_properties(tensorplay_compiled PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  # A single-config build with no CMAKE_BUILD_TYPE gives the compiler no -O flag: library.cpp
+  # (replay, stage_and_launch, capture) would run unoptimised code, 1.7x raw CUDA per 1-kernel
+  # capture in bench/replay_bench_compiled at -O0. It gets -O2 then, as Bazel's //:tensorplay does
+  # outside -c dbg; any build type the consumer sets keeps its own flags.
+  get_property(multi_config GLOBAL PROPERTY GENERATOR_IS_MULTI_CONFIG)
+  if(NOT multi_config AND NOT CMAKE_BUILD_TYPE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(tensorplay_compiled PRIVATE -O2)
+  endif()
 endfunction()
