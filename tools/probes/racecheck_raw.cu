@@ -9,7 +9,7 @@
 // replay graphs of their own; 2 threads allocate from the default pool and launch kernels.
 // Every result is checked on the host. Prints "ok" and exits 0, or names the failed call.
 //
-//   nvcc -std=c++20 -arch=sm_90 -o racecheck_raw tools/probes/racecheck_raw.cu
+//   nvcc -std=c++20 -arch=sm_90 -I. -o racecheck_raw tools/probes/racecheck_raw.cu   (from the repository root)
 //   compute-sanitizer --tool racecheck ./racecheck_raw [CAPTURES_PER_THREAD [EXIT_AFTER_S [FEATURES]]]
 //
 // EXIT_AFTER_S > 0 ends the process with std::_Exit(3) after that many seconds, while the threads
@@ -21,12 +21,13 @@
 //        (the kernel's wait is then a no-op).
 //   if   a third of the captures add an if node on a per-thread bool flag (as thread_test's
 //        if_(flag, ...)), its handle set by tensorplay's own kernel tensorplay_set_handle_b8, taken
-//        from the library's generated fatbin (tensorplay/detail/kernels/fatbin.hpp, the kernel
-//        image only, no tensorplay host code), loaded with cudaLibraryLoadData and launched by its
-//        cudaKernel_t; another third add the while node (without "if": half of them).
+//        from the library's generated fatbin (tensorplay/detail/kernels/fatbin.hpp, decoded by
+//        the library's decode_base64; no other tensorplay code runs), loaded with
+//        cudaLibraryLoadData and launched by its cudaKernel_t; another third add the while node (without "if": half of them).
 #include <cuda_runtime.h>
 
-#include "../../tensorplay/detail/kernels/fatbin.hpp"
+#include <tensorplay/detail/kernel_library.hpp>  // decode_base64 only: no tensorplay CUDA call
+#include <tensorplay/detail/kernels/fatbin.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -87,23 +88,10 @@ void launch_set_while(cudaStream_t s, cudaGraphConditionalHandle handle, const i
 //! Loads tensorplay's kernel image (base64 in fatbin.hpp) and takes its bool set-handle kernel.
 void load_library_kernel() {
 #if !defined(__CUDA_ARCH__)  // the fatbin is host data: nvcc's device pass does not see it
-  static std::vector<unsigned long long> image(tensorplay::detail::kernels::fatbin_bytes / 8 + 1);
-  auto* out = reinterpret_cast<unsigned char*>(image.data());
-  const char* text = tensorplay::detail::kernels::fatbin_base64;
-  auto sextet = [](char c) -> unsigned {
-    if (c >= 'A' && c <= 'Z') return static_cast<unsigned>(c - 'A');
-    if (c >= 'a' && c <= 'z') return static_cast<unsigned>(c - 'a') + 26u;
-    if (c >= '0' && c <= '9') return static_cast<unsigned>(c - '0') + 52u;
-    return c == '+' ? 62u : (c == '/' ? 63u : 0u);
-  };
-  std::size_t o = 0;
-  for (std::size_t i = 0; i + 3 < sizeof(tensorplay::detail::kernels::fatbin_base64) - 1; i += 4) {
-    unsigned bits = 0;
-    for (int k = 0; k < 4; ++k) bits = bits << 6 | sextet(text[i + static_cast<std::size_t>(k)]);
-    out[o++] = static_cast<unsigned char>(bits >> 16);
-    if (text[i + 2] != '=') out[o++] = static_cast<unsigned char>(bits >> 8);
-    if (text[i + 3] != '=') out[o++] = static_cast<unsigned char>(bits);
-  }
+  namespace k = tensorplay::detail::kernels;
+  static std::vector<unsigned long long> image(k::fatbin_bytes / 8 + 1);  // aligned as the ELF data
+  tensorplay::detail::decode_base64(k::fatbin_base64, sizeof(k::fatbin_base64) - 1,
+                                    reinterpret_cast<unsigned char*>(image.data()));
   cudaLibrary_t library = nullptr;
   CHECK(cudaLibraryLoadData(&library, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
   CHECK(cudaLibraryGetKernel(&library_set_bool, library, "tensorplay_set_handle_b8"));
@@ -170,8 +158,8 @@ std::vector<unsigned> download(const unsigned* device, int n, cudaStream_t s) {
   return host;
 }
 
-//! One capture of thread_test's body: temp = a*x+b; out = c*temp+d (kept); a while node adding 1
-//! to out `loops` times. Returns the instantiated graph; *out_ptr is the graph's allocation.
+//! One capture of thread_test's body: temp = a*x+b; out = c*temp+d (kept); with `flag`, an if node
+//! adding 1 to out when *flag; with `with_while`, a while node adding 1 to out `loops` times. Returns the instantiated graph; *out_ptr is the graph's allocation.
 cudaGraphExec_t capture_one(cudaStream_t s, cudaStream_t body_stream, const unsigned* x, int n, int* counter, unsigned a,
                             unsigned b, unsigned c, unsigned d, int loops, bool with_while, const bool* flag,
                             unsigned** out_ptr) {
