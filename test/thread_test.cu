@@ -6,6 +6,10 @@
 // return what went wrong, and the main thread reports it.
 // TENSORPLAY_THREAD_CAPTURES (default 200; 30 under compute-sanitizer) sets the captures per
 // capturing thread, TENSORPLAY_THREAD_BUDGET_S (120; 400) the deadline of each case.
+// To take features out of the eight-thread case (racecheck's internal error, docs/reliability.md
+// section 12): TENSORPLAY_THREAD_NO_IF=1 captures a plain graph where it would add an if_,
+// TENSORPLAY_THREAD_NO_WHILE=1 where it would add a while_, TENSORPLAY_THREAD_PRIVATE_POOLS=1
+// uses a private pool where it would use a shared one. The random draws stay the same.
 #include "support.hpp"
 
 #include <tensorplay/graph.hpp>
@@ -152,6 +156,10 @@ struct SharedPools {
   // pool must neither capture at once (refused) nor replay concurrently (the contract).
   std::array<std::timed_mutex, 3> locks;
   Clock::time_point deadline;
+  // Features taken out (TENSORPLAY_THREAD_NO_IF, _NO_WHILE, _PRIVATE_POOLS; the file's header).
+  bool no_if = tp_test::env_or("TENSORPLAY_THREAD_NO_IF", 0) != 0;
+  bool no_while = tp_test::env_or("TENSORPLAY_THREAD_NO_WHILE", 0) != 0;
+  bool private_pools = tp_test::env_or("TENSORPLAY_THREAD_PRIVATE_POOLS", 0) != 0;
 };
 
 //! `captures` times: capture (into a private pool, or a shared one under its lock) a graph that
@@ -169,9 +177,11 @@ Result capture_worker(int id, SharedPools& shared, int captures) {
   std::string error;
   for (int i = 0; i < captures; ++i) {
     if (Clock::now() > shared.deadline) return {"capturing thread " + std::to_string(id) + " ran out of time", i};
-    const int pool = static_cast<int>(rng() % 4) - 1;  // -1: a private pool
+    int pool = static_cast<int>(rng() % 4) - 1;  // -1: a private pool
     const unsigned a = rng() % 7 + 1, b = rng(), c = rng() % 5 + 1, d = rng(), base = rng();
-    const int shape = static_cast<int>(rng() % 3);  // plain, if_, while_
+    int shape = static_cast<int>(rng() % 3);  // plain, if_, while_
+    if ((shape == 1 && shared.no_if) || (shape == 2 && shared.no_while)) shape = 0;
+    if (shared.private_pools) pool = -1;
     const bool taken = rng() % 2 == 1;
     const int loops = static_cast<int>(rng() % 4);
     std::unique_lock<std::timed_mutex> lock;
