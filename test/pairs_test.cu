@@ -186,7 +186,7 @@ std::vector<std::string> on_threads(int count, F body, std::chrono::seconds budg
 }
 
 void check_threads(const std::vector<std::string>& errors) {
-  for (std::size_t t = 0; t < errors.size(); ++t) BOOST_TEST(errors[t] == "", "thread " << t);
+  for (std::size_t t = 0; t < errors.size(); ++t) BOOST_TEST(errors[t] == "", "thread " << t << ": " << errors[t]);
 }
 
 std::string at(const char* what, int round, const std::string& detail) {

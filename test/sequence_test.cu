@@ -67,7 +67,7 @@ void check_on_threads(int count, F body) {
       }
     });
   for (auto& th : threads) th.join();
-  for (int t = 0; t < count; ++t) BOOST_TEST(errors[static_cast<std::size_t>(t)] == "", "thread " << t);
+  for (int t = 0; t < count; ++t) BOOST_TEST(errors[static_cast<std::size_t>(t)] == "", "thread " << t << ": " << errors[static_cast<std::size_t>(t)]);
 }
 
 // y = x + value through a temporary of the graph's pool (a body that allocates).
