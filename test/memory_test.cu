@@ -139,7 +139,9 @@ BOOST_AUTO_TEST_SUITE(executable_memory_measured)
 
 // The model against the driver: 40 executables of 512 kernels, instantiated at once so that
 // cudaMemGetInfo's 2 MiB step divides by 40 (first in the file: nothing destroyed before).
-TP_GPU_TEST(model_is_within_a_tenth_of_what_the_driver_takes_for_many_executables) {
+// Device-wide: skipped where other processes share the GPU (tp_test::gpu_to_itself).
+BOOST_AUTO_TEST_CASE(model_is_within_a_tenth_of_what_the_driver_takes_for_many_executables,
+                     *boost::unit_test::precondition(tp_test::GpuToItself{})) {
   RawGraph g;
   add_chain(g.get(), 512);
   const std::size_t modelled = shape_of(g.get()).bytes;
@@ -513,7 +515,7 @@ void check_estimate_then_capture_all(bool lazy, bool share, bool shared_pool) {
     const tp::MemoryEstimate e = probe.estimate(stream);
     const std::size_t after = tp_test::device_bytes_in_use();
     BOOST_TEST_MESSAGE("estimate: pool " << e.pool_bytes << " B, executables " << e.executable_bytes << " B");
-    BOOST_TEST(distance(before, after) <= 2 * mib);  // nothing held
+    if (tp_test::gpu_to_itself()) BOOST_TEST(distance(before, after) <= 2 * mib);  // nothing held
     for (std::size_t size : ladder_sizes) BOOST_TEST(!probe.is_captured(size));
     BOOST_TEST(tp_test::not_capturing(stream.get()));
     BOOST_TEST(e.pool_bytes == largest_alone);  // counted once, not per bucket

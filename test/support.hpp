@@ -143,7 +143,21 @@ inline std::string read_file(const std::filesystem::path& path) {
   return text.str();
 }
 
-//! Bytes of device memory in use on the current device.
+//! Whether this process has the GPU to itself, so that device-wide figures (cudaMemGetInfo)
+//! measure its own use: tools/gpu/run sets TENSORPLAY_GPU_SHARED=1 for sanitizer runs that share
+//! the GPU with other processes (TENSORPLAY_SANITIZE_JOBS > 1), whose memory moves those figures.
+inline bool gpu_to_itself() { return std::getenv("TENSORPLAY_GPU_SHARED") == nullptr; }
+
+//! Precondition for cases whose point is a device-wide memory figure (see gpu_to_itself).
+struct GpuToItself {
+  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
+    boost::test_tools::assertion_result result(gpu_count() > 0 && gpu_to_itself());
+    if (!result) result.message() << "needs a GPU to itself (TENSORPLAY_GPU_SHARED: other processes use it)";
+    return result;
+  }
+};
+
+//! Bytes of device memory in use on the current device. Meaningful only when gpu_to_itself().
 inline std::size_t device_bytes_in_use() {
   std::size_t free = 0;
   std::size_t total = 0;
