@@ -7,7 +7,7 @@
 // TENSORPLAY_THREAD_CAPTURES (default 200; 30 under compute-sanitizer) sets the captures per
 // capturing thread, TENSORPLAY_THREAD_BUDGET_S (120; 400) the deadline of each case.
 // To take features out of the eight-thread case (racecheck's internal error, docs/reliability.md
-// section 12): TENSORPLAY_THREAD_NO_IF=1 captures a plain graph where it would add an if_,
+// section 13): TENSORPLAY_THREAD_NO_IF=1 captures a plain graph where it would add an if_,
 // TENSORPLAY_THREAD_NO_WHILE=1 where it would add a while_, TENSORPLAY_THREAD_PRIVATE_POOLS=1
 // uses a private pool where it would use a shared one. The random draws stay the same.
 #include "support.hpp"

@@ -1,6 +1,6 @@
 // tools/probes/racecheck_raw.cu: thread_test's eight-thread case in raw CUDA, without tensorplay,
 // to tell whether compute-sanitizer racecheck's "failure to track a kernel launch" comes from the
-// library or from the tool (docs/reliability.md, section 12).
+// library or from the tool (docs/reliability.md, section 13).
 //
 // The same workload as thread_test's eight_threads_capture_in_thread_local_mode_while_others_
 // replay_and_allocate: 8 threads capture in thread-local mode (graph allocations freed inside
