@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# tools/probes/racecheck_run.sh: sourced by racecheck_rates and racecheck_cases.
+# tools/probes/racecheck_run.sh: sourced by racecheck_rates, racecheck_cases and racecheck_variants.
 # racecheck_run LABEL INDEX LIMIT_S COMMAND...: runs COMMAND (compute-sanitizer --tool racecheck
 # ...) with its output in a temporary log, cut after LIMIT_S seconds; appends
 # "LABEL INDEX rc=.. Ns internal_error=yes|no <racecheck summary>" to $RACECHECK_RESULTS; keeps
