@@ -24,6 +24,11 @@
 //        from the library's generated fatbin (tensorplay/detail/kernels/fatbin.hpp, decoded by
 //        the library's decode_base64; no other tensorplay code runs), loaded with
 //        cudaLibraryLoadData and launched by its cudaKernel_t; another third add the while node (without "if": half of them).
+//   copy each body is captured as tensorplay captures it (conditional_builder.hpp): a capture of its
+//        own on the body stream (cudaStreamBeginCapture, not ...ToGraph), whose nodes are then
+//        copied into the node's body graph, kernels through the driver (cuGraphKernelNodeGetParams
+//        and cuGraphAddKernelNode, then cudaGraphKernelNodeCopyAttributes), edges with their data.
+#include <cuda.h>  // the driver's types only: its entry points come from cudaGetDriverEntryPointByVersion
 #include <cuda_runtime.h>
 
 #include <tensorplay/detail/kernel_library.hpp>  // decode_base64 only: no tensorplay CUDA call
@@ -64,6 +69,7 @@ namespace {
 
 bool programmatic = false;  // "pdl": set kernels follow their kernel through a programmatic edge
 bool with_if_nodes = false;  // "if"
+bool copied_bodies = false;  // "copy"
 cudaKernel_t library_set_bool = nullptr;  // tensorplay_set_handle_b8, loaded by load_library_kernel
 
 //! A one-thread launch of `kernel` on `s`, with a programmatic edge in "pdl" mode.
@@ -100,12 +106,75 @@ void load_library_kernel() {
 #endif
 }
 
-//! A conditional node being captured: its handle, the node, and the stream capturing its body.
+//! A conditional node being captured: its handle, the node, the stream capturing its body, and
+//! the node's body graph.
 struct Conditional {
   cudaGraphConditionalHandle handle{};
   cudaGraphNode_t node = nullptr;
   cudaStream_t body_stream = nullptr;
+  cudaGraph_t body = nullptr;
 };
+
+//! The two driver calls tensorplay copies kernel nodes with ("copy"), resolved once.
+struct DriverCalls {
+  CUresult (*get_params)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v2*) = nullptr;
+  CUresult (*add_node)(CUgraphNode*, CUgraph, const CUgraphNode*, std::size_t, const CUDA_KERNEL_NODE_PARAMS_v2*) = nullptr;
+};
+DriverCalls driver;
+
+void resolve_driver_calls() {
+  cudaDriverEntryPointQueryResult found{};
+  void* fn = nullptr;
+  CHECK(cudaGetDriverEntryPointByVersion("cuGraphKernelNodeGetParams", &fn, 12000, cudaEnableDefault, &found));
+  driver.get_params = reinterpret_cast<decltype(driver.get_params)>(fn);
+  CHECK(cudaGetDriverEntryPointByVersion("cuGraphAddKernelNode", &fn, 12000, cudaEnableDefault, &found));
+  driver.add_node = reinterpret_cast<decltype(driver.add_node)>(fn);
+  if (driver.get_params == nullptr || driver.add_node == nullptr) {
+    std::fprintf(stderr, "driver entry points not found\n");
+    std::exit(1);
+  }
+}
+
+//! Copies the nodes and edges of a body's own capture `from` into the body graph `to` ("copy").
+void copy_body(cudaGraph_t from, cudaGraph_t to) {
+  std::size_t count = 0;
+  CHECK(cudaGraphGetNodes(from, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count), copies(count);
+  CHECK(cudaGraphGetNodes(from, nodes.data(), &count));
+  for (std::size_t i = 0; i < count; ++i) {
+    cudaGraphNodeType type{};
+    CHECK(cudaGraphNodeGetType(nodes[i], &type));
+    if (type != cudaGraphNodeTypeKernel) {
+      std::fprintf(stderr, "copy_body: a node that is not a kernel\n");
+      std::exit(1);
+    }
+    CUDA_KERNEL_NODE_PARAMS_v2 params{};
+    CUgraphNode copy = nullptr;
+    if (driver.get_params(reinterpret_cast<CUgraphNode>(nodes[i]), &params) != CUDA_SUCCESS ||
+        driver.add_node(&copy, reinterpret_cast<CUgraph>(to), nullptr, 0, &params) != CUDA_SUCCESS) {
+      std::fprintf(stderr, "copy_body: a driver call failed\n");
+      std::exit(1);
+    }
+    copies[i] = reinterpret_cast<cudaGraphNode_t>(copy);
+    CHECK(cudaGraphKernelNodeCopyAttributes(copies[i], nodes[i]));
+  }
+  std::size_t edges = 0;
+  CHECK(cudaGraphGetEdges(from, nullptr, nullptr, nullptr, &edges));
+  if (edges == 0) return;
+  std::vector<cudaGraphNode_t> tails(edges), heads(edges);
+  std::vector<cudaGraphEdgeData> data(edges);
+  CHECK(cudaGraphGetEdges(from, tails.data(), heads.data(), data.data(), &edges));
+  const auto copy_of = [&](cudaGraphNode_t node) {
+    for (std::size_t i = 0; i < count; ++i)
+      if (nodes[i] == node) return copies[i];
+    std::exit(1);
+  };
+  for (std::size_t e = 0; e < edges; ++e) {
+    tails[e] = copy_of(tails[e]);
+    heads[e] = copy_of(heads[e]);
+  }
+  CHECK(cudaGraphAddDependencies(to, tails.data(), heads.data(), data.data(), edges));
+}
 
 //! At the current point of the capture on `s`: creates a handle, captures `launch_set(handle)`
 //! (the kernel that sets it), adds a conditional node of `type` after it, and begins capturing
@@ -128,8 +197,11 @@ Conditional begin_conditional(cudaStream_t s, cudaStream_t body_stream, cudaGrap
   params.conditional.type = type;
   params.conditional.size = 1;
   CHECK(cudaGraphAddNode(&c.node, graph, deps, nullptr, count, &params));
-  cudaGraph_t body = params.conditional.phGraph_out[0];
-  CHECK(cudaStreamBeginCaptureToGraph(body_stream, body, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal));
+  c.body = params.conditional.phGraph_out[0];
+  if (copied_bodies)
+    CHECK(cudaStreamBeginCapture(body_stream, cudaStreamCaptureModeThreadLocal));
+  else
+    CHECK(cudaStreamBeginCaptureToGraph(body_stream, c.body, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal));
   return c;
 }
 
@@ -137,6 +209,10 @@ Conditional begin_conditional(cudaStream_t s, cudaStream_t body_stream, cudaGrap
 void end_conditional(cudaStream_t s, Conditional c) {
   cudaGraph_t body = nullptr;
   CHECK(cudaStreamEndCapture(c.body_stream, &body));
+  if (copied_bodies) {
+    copy_body(body, c.body);
+    CHECK(cudaGraphDestroy(body));
+  }
   CHECK(cudaStreamUpdateCaptureDependencies(s, &c.node, nullptr, 1, cudaStreamSetCaptureDependencies));
 }
 
@@ -305,6 +381,7 @@ int main(int argc, char** argv) {
   const std::string features = argc > 3 ? argv[3] : "";
   programmatic = features.find("pdl") != std::string::npos;
   with_if_nodes = features.find("if") != std::string::npos;
+  copied_bodies = features.find("copy") != std::string::npos;
   CHECK(cudaFree(nullptr));
   {  // load every kernel first: under lazy loading a first load invalidates open captures
     cudaFuncAttributes attributes{};
@@ -314,6 +391,7 @@ int main(int argc, char** argv) {
       CHECK(cudaFuncGetAttributes(&attributes, kernel));
   }
   if (with_if_nodes) load_library_kernel();
+  if (copied_bodies) resolve_driver_calls();
   std::atomic<bool> stop{false};
   std::atomic<long> replays{0}, allocations{0};
   std::vector<std::thread> background;
