@@ -167,6 +167,7 @@ void copy_body(cudaGraph_t from, cudaGraph_t to) {
   const auto copy_of = [&](cudaGraphNode_t node) {
     for (std::size_t i = 0; i < count; ++i)
       if (nodes[i] == node) return copies[i];
+    std::fprintf(stderr, "copy_body: an edge names a node the body does not hold\n");
     std::exit(1);
   };
   for (std::size_t e = 0; e < edges; ++e) {
