@@ -404,6 +404,9 @@ TP_GPU_TEST(make_graphed_with_a_conditional_body) {
   const bool t = true;
   yes.copy_from_host(std::span<const bool>(&t, 1));
   stream.synchronize();
+  // The body returns the outer y through a pointer: nvcc 13.0 takes `return y;` of a variable
+  // captured by reference for a local's (warning #836-D).
+  tp::DeviceTensor<float>* const out = &y;
   auto step = tp::make_graphed(
       [&](tp::DeviceTensor<float>& in) -> tp::DeviceTensor<float>& {
         const cudaStream_t s = tp::current_stream();
@@ -412,7 +415,7 @@ TP_GPU_TEST(make_graphed_with_a_conditional_body) {
         } else {
           scale_kernel<<<4, 64, 0, s>>>(in.data(), y.data(), n, 3.0f);  // warm-up run
         }
-        return y;
+        return *out;
       },
       x);
   for (int round = 1; round <= 2; ++round) {
