@@ -12,11 +12,11 @@
 // Skipped cases (e.g. a precondition saying there is no GPU) appear as <skipped/>.
 // Bazel's --test_filter (TESTBRIDGE_TEST_ONLY) is mapped to --run_test.
 // With TENSORPLAY_CRASH_STACK set (tools/gpu/run sets it for the sanitizer runs; Boost's
-// --catch_system_errors=no comes with it), a crash (SIGSEGV, SIGBUS, SIGILL, SIGFPE) prints the faulting thread,
-// the fault address and the stack as module+offset lines, then ends the process with the signal:
-// Boost's own handler names only the last checkpoint, and its longjmp out of a fault inside the
-// driver or a tool can leave the process hanging at exit. tools/probes/symbolize turns the lines
-// into functions and source lines with the unstripped binaries of .gpu/bin.
+// --catch_system_errors=no comes with it), a crash (SIGSEGV, SIGBUS, SIGILL, SIGFPE) prints the
+// faulting thread, the fault address and the stack as module+offset lines, then ends the process
+// with the signal: Boost's own handler names only the last checkpoint, and its longjmp out of a
+// fault inside the driver or a tool can leave the process hanging at exit. tools/probes/symbolize
+// turns the lines into functions and source lines with the unstripped binaries of .gpu/bin.
 #define BOOST_TEST_MODULE tensorplay
 #define BOOST_TEST_NO_MAIN
 #include <boost/test/included/unit_test.hpp>
@@ -79,9 +79,10 @@ void crash_handler(int sig, siginfo_t* info, void*) {
     write_text(sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGILL ? "SIGILL" : "SIGFPE");
     write_text(") at address ");
     write_number(reinterpret_cast<unsigned long long>(info->si_addr), 16);
+    const long thread = ::syscall(SYS_gettid);
     write_text(" on thread ");
-    write_number(static_cast<unsigned long long>(::syscall(SYS_gettid)), 10);
-    write_text(::syscall(SYS_gettid) == ::getpid() ? " (the main thread)" : " (not the main thread)");
+    write_number(static_cast<unsigned long long>(thread), 10);
+    write_text(thread == ::getpid() ? " (the main thread)" : " (not the main thread)");
     write_text("; stack, innermost first (tools/probes/symbolize reads it):\n");
     void* frames[64];
     const int n = ::backtrace(frames, 64);
