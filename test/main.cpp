@@ -93,7 +93,7 @@ void crash_handler(int sig, siginfo_t* info, void*) {
 }
 
 void install_crash_stacks() {
-    static char alternate_stack[64 * 1024];  // a fault from a stack overflow still prints
+    static char alternate_stack[64 * 1024];  // main thread only (per-thread): its overflow still prints
     stack_t ss{};
     ss.ss_sp = alternate_stack;
     ss.ss_size = sizeof alternate_stack;
