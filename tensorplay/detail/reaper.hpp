@@ -72,10 +72,12 @@ TENSORPLAY_DECL Reaper& Reaper::instance() {
 TENSORPLAY_DECL void Reaper::enqueue(void* box) noexcept {
   Reaper& r = instance();
   {
+    // Counted under the lock that the reaper takes the queue with, so that it never takes a box
+    // before the box is counted (its fetch_sub would wrap the count for a moment, and it would spin).
     std::lock_guard lock(r.mutex_);
     r.queue_.push_back(static_cast<RetainedBox*>(box));
+    r.pending_.fetch_add(1, std::memory_order_release);
   }
-  r.pending_.fetch_add(1, std::memory_order_release);
   r.pending_.notify_all();
 }
 
