@@ -447,8 +447,12 @@ BOOST_AUTO_TEST_CASE(the_reaper_destroys_every_box_from_many_threads_once_and_dr
   std::vector<std::atomic<int>> destroyed(static_cast<std::size_t>(producers * per_producer));
   struct Box final : td::RetainedBox {
     std::atomic<int>* count;
-    explicit Box(std::atomic<int>* c) : count(c) {}
-    ~Box() override { count->fetch_add(1, std::memory_order_relaxed); }
+    std::chrono::milliseconds takes;  // how long the destructor takes (a user's may call CUDA)
+    Box(std::atomic<int>* c, std::chrono::milliseconds t) : count(c), takes(t) {}
+    ~Box() override {
+      std::this_thread::sleep_for(takes);
+      count->fetch_add(1, std::memory_order_relaxed);
+    }
   };
   const Clock::time_point deadline = Clock::now() + std::chrono::seconds(60);
   std::atomic<bool> producing{true};
@@ -464,14 +468,17 @@ BOOST_AUTO_TEST_CASE(the_reaper_destroys_every_box_from_many_threads_once_and_dr
   std::vector<std::future<Result>> producing_threads;
   for (int p = 0; p < producers; ++p)
     producing_threads.push_back(start([&, p] {
-      for (int i = 0; i < per_producer; ++i) td::Reaper::enqueue(new Box(&destroyed[static_cast<std::size_t>(p * per_producer + i)]));
+      for (int i = 0; i < per_producer; ++i)  // every 2000th box is slow to destroy
+        td::Reaper::enqueue(new Box(&destroyed[static_cast<std::size_t>(p * per_producer + i)], std::chrono::milliseconds(i % 2000 == 0 ? 1 : 0)));
       return Result{"", per_producer};
     }));
   report(wait_all(producing_threads, deadline, "enqueueing"), "enqueueing");
   producing.store(false);
   report(wait_all(threads, deadline, "draining"), "draining");
+  std::atomic<int> slow_destroyed{0};  // handed over last and slow, so drain() must wait for it
   std::vector<std::future<Result>> last;
-  last.push_back(start([] {
+  last.push_back(start([&] {
+    td::Reaper::enqueue(new Box(&slow_destroyed, std::chrono::milliseconds(200)));
     td::Reaper::instance().drain();
     return Result{"", 1};
   }));
@@ -480,6 +487,7 @@ BOOST_AUTO_TEST_CASE(the_reaper_destroys_every_box_from_many_threads_once_and_dr
   for (const std::atomic<int>& d : destroyed) (d.load() == 1 ? once : other) += 1;
   BOOST_TEST(once == static_cast<long>(destroyed.size()));
   BOOST_TEST(other == 0);
+  BOOST_TEST(slow_destroyed.load() == 1);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
