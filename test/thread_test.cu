@@ -12,7 +12,6 @@
 // uses a private pool where it would use a shared one. The random draws stay the same.
 #include "support.hpp"
 
-#include <tensorplay/detail/reaper.hpp>
 #include <tensorplay/graph.hpp>
 
 #include <boost/test/unit_test.hpp>
@@ -434,60 +433,6 @@ TP_GPU_TEST(threads_racing_to_capture_into_one_pool_get_success_or_usage_error_a
   report(results, "racing");
   for (const Result& r : results) BOOST_TEST(r.count == captures);
   BOOST_TEST_MESSAGE("captures refused because the pool was busy: " << refusals.load());
-}
-
-// The reaper (tensorplay/detail/reaper.hpp) is handed boxes on CUDA's callback thread; here many
-// threads hand them over at once, while another drains. Every box is destroyed exactly once, and
-// drain() returns only when every box handed over before it is gone. No GPU is needed: the boxes
-// hold no CUDA resources, so this runs everywhere, CI included.
-BOOST_AUTO_TEST_CASE(the_reaper_destroys_every_box_from_many_threads_once_and_drain_waits_for_all) {
-  namespace td = tensorplay::detail;
-  constexpr int producers = 8;
-  constexpr int per_producer = 20000;
-  std::vector<std::atomic<int>> destroyed(static_cast<std::size_t>(producers * per_producer));
-  struct Box final : td::RetainedBox {
-    std::atomic<int>* count;
-    std::chrono::milliseconds takes;  // how long the destructor takes (a user's may call CUDA)
-    Box(std::atomic<int>* c, std::chrono::milliseconds t) : count(c), takes(t) {}
-    ~Box() override {
-      std::this_thread::sleep_for(takes);
-      count->fetch_add(1, std::memory_order_relaxed);
-    }
-  };
-  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(60);
-  std::atomic<bool> producing{true};
-  std::vector<std::future<Result>> threads;
-  threads.push_back(start([&] {  // drains while boxes arrive: must neither hang nor return early
-    long drains = 0;
-    while (producing.load()) {
-      td::Reaper::instance().drain();
-      ++drains;
-    }
-    return Result{"", drains};
-  }));
-  std::vector<std::future<Result>> producing_threads;
-  for (int p = 0; p < producers; ++p)
-    producing_threads.push_back(start([&, p] {
-      for (int i = 0; i < per_producer; ++i)  // every 2000th box is slow to destroy
-        td::Reaper::enqueue(new Box(&destroyed[static_cast<std::size_t>(p * per_producer + i)], std::chrono::milliseconds(i % 2000 == 0 ? 1 : 0)));
-      return Result{"", per_producer};
-    }));
-  report(wait_all(producing_threads, deadline, "enqueueing"), "enqueueing");
-  producing.store(false);
-  report(wait_all(threads, deadline, "draining"), "draining");
-  std::atomic<int> slow_destroyed{0};  // handed over last and slow, so drain() must wait for it
-  std::vector<std::future<Result>> last;
-  last.push_back(start([&] {
-    td::Reaper::enqueue(new Box(&slow_destroyed, std::chrono::milliseconds(200)));
-    td::Reaper::instance().drain();
-    return Result{"", 1};
-  }));
-  report(wait_all(last, deadline, "last drain"), "last drain");
-  long once = 0, other = 0;  // read right after drain(): every box must be gone already
-  for (const std::atomic<int>& d : destroyed) (d.load() == 1 ? once : other) += 1;
-  BOOST_TEST(once == static_cast<long>(destroyed.size()));
-  BOOST_TEST(other == 0);
-  BOOST_TEST(slow_destroyed.load() == 1);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

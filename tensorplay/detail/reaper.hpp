@@ -5,6 +5,10 @@
 // and calls its destructor callback on an internal thread that must not call CUDA. A retained
 // object's destructor may well call CUDA (ncclCommDestroy, a DeviceTensor giving its memory
 // back), so the callback only hands the object to this thread, which destroys it.
+//
+// At exit the reaper stops: an exit handler lets the destructor it is running finish, and the
+// reaper destroys nothing more. What is still queued is left to the operating system, rather than
+// destroyed while the exit handlers, static destructors and the CUDA runtime's teardown run.
 #pragma once
 
 #include <tensorplay/config.hpp>
@@ -14,6 +18,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <type_traits>
@@ -43,17 +48,22 @@ class Reaper {
   //! Called from CUDA's callback thread: no CUDA here, only a queue.
   static void enqueue(void* box) noexcept;
 
-  //! Blocks until every object handed over so far is destroyed.
+  //! Blocks until every object handed over so far is destroyed (or, once the process is
+  //! exiting, left undestroyed).
   void drain() noexcept;
 
  private:
   Reaper();
 
   static void* run(void* self);
+  static void stop_at_exit() noexcept;
 
-  std::mutex mutex_;
+  std::mutex mutex_;                  // guards queue_
   std::vector<RetainedBox*> queue_;
   std::atomic<unsigned> pending_{0};  // handed over and not destroyed yet
+  std::mutex destroying_;             // held by the reaper while it destroys a batch
+  std::atomic<bool> exiting_{false};  // set by the exit handler: destroy nothing more
+  pthread_t thread_{};
 };
 
 }  // namespace tensorplay::detail
@@ -87,8 +97,17 @@ TENSORPLAY_DECL void Reaper::drain() noexcept {
 }
 
 TENSORPLAY_DECL Reaper::Reaper() {
-  pthread_t thread{};
-  if (pthread_create(&thread, nullptr, &Reaper::run, this) == 0) pthread_detach(thread);
+  // Registered when the reaper starts, once CUDA has made a user object: this handler runs before
+  // the exit handlers and static destructors registered earlier, the CUDA runtime's among them.
+  (void)std::atexit(&Reaper::stop_at_exit);
+  if (pthread_create(&thread_, nullptr, &Reaper::run, this) == 0) pthread_detach(thread_);
+}
+
+TENSORPLAY_DECL void Reaper::stop_at_exit() noexcept {
+  Reaper& r = instance();
+  r.exiting_.store(true);
+  if (pthread_equal(pthread_self(), r.thread_)) return;  // exit() called by a destructor the reaper runs
+  std::lock_guard wait(r.destroying_);                   // the destructor running now finishes
 }
 
 TENSORPLAY_DECL void* Reaper::run(void* self) {
@@ -104,7 +123,13 @@ TENSORPLAY_DECL void* Reaper::run(void* self) {
       std::lock_guard lock(reaper->mutex_);
       batch.swap(reaper->queue_);
     }
-    for (RetainedBox* box : batch) delete box;  // the user's destructors, which may call CUDA
+    {
+      std::lock_guard destroying(reaper->destroying_);
+      for (RetainedBox* box : batch) {
+        if (reaper->exiting_.load()) break;  // the rest goes with the process
+        delete box;                          // the user's destructor, which may call CUDA
+      }
+    }
     reaper->pending_.fetch_sub(static_cast<unsigned>(batch.size()), std::memory_order_release);
     reaper->pending_.notify_all();
     batch.clear();
