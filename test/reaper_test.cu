@@ -2,27 +2,24 @@
 // has released it. The objects here hold no CUDA resources, so no GPU is needed and these cases
 // run everywhere, CI included.
 //
-// The exit case starts this binary again, as a child that runs a short program before main
-// (TENSORPLAY_REAPER_EXIT_FD set) and exits: a fresh process, whose reaper nothing has started,
-// and whose exit runs no Boost.Test code.
+// The exit case starts this binary again as a worker (child_process.hpp) that exits: a fresh
+// process, whose reaper nothing has started.
 #include <tensorplay/detail/reaper.hpp>
+
+#include "child_process.hpp"
 
 #include <boost/test/unit_test.hpp>
 
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <future>
 #include <iostream>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -59,68 +56,35 @@ struct Reporting final : td::RetainedBox {
   }
 };
 
-//! The exit case's child: hands the reaper an object slow to destroy, then, while the reaper
-//! destroys it, another, and exits. Ends with 4 when the reaper never began the first.
-[[noreturn]] void exit_while_the_reaper_destroys(int fd) {
+constexpr const char* events_variable = "TENSORPLAY_REAPER_EVENTS";  // the file the worker writes to
+
+}  // namespace
+
+// The exit case's child: hands the reaper an object slow to destroy, then, while the reaper
+// destroys it, another, and exits (exit(), not the worker's usual _Exit: its handlers are the
+// point). Each object writes its letter to the events file when its destructor begins, and the
+// letter in upper case when it ends.
+TP_WORKER(exit_while_the_reaper_destroys) {
+  const char* path = std::getenv(events_variable);
+  tp_test::worker_require(path != nullptr, std::string(events_variable) + " is not set");
+  const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  tp_test::worker_require(fd >= 0, std::string("cannot open ") + path);
   static std::atomic<bool> a_begun{false}, b_begun{false};
+  // Registered before the reaper starts, so it runs after the reaper's exit handler: it stands for
+  // the teardown that comes later (static destructors, the CUDA runtime's handlers), and gives a
+  // reaper that still destroys during exit the time to show it.
+  std::atexit([] { std::this_thread::sleep_for(200ms); });
   td::Reaper::enqueue(new Reporting(fd, 'a', 300ms, &a_begun));  // starts the reaper
-  for (const auto until = Clock::now() + 10s; !a_begun.load();) {
-    if (Clock::now() > until) std::_Exit(4);
+  const auto until = Clock::now() + 10s;
+  while (!a_begun.load()) {
+    tp_test::worker_require(Clock::now() < until, "the reaper never began destroying the first object");
     std::this_thread::sleep_for(1ms);
   }
   td::Reaper::enqueue(new Reporting(fd, 'b', 0ms, &b_begun));  // queued while 'a' is destroyed
   std::exit(0);
 }
 
-constexpr std::string_view exit_fd_variable = "TENSORPLAY_REAPER_EXIT_FD";
-
-[[maybe_unused]] const bool exit_child = [] {
-  if (const char* fd = std::getenv(exit_fd_variable.data())) exit_while_the_reaper_destroys(std::atoi(fd));
-  return false;
-}();
-
-//! Starts this binary again as the exit case's child, writing to `fd`; its pid, or -1.
-pid_t start_exit_child(int fd) {
-  std::vector<std::string> variables{std::string(exit_fd_variable) + "=" + std::to_string(fd)};
-  for (char** e = environ; *e; ++e) variables.emplace_back(*e);
-  std::vector<char*> envp;
-  for (std::string& v : variables) envp.push_back(v.data());
-  envp.push_back(nullptr);
-  char name[] = "reaper_test";
-  char* argv[] = {name, nullptr};
-  pid_t child = -1;
-  return ::posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) == 0 ? child : -1;
-}
-
-//! Everything written to `fd` until it closes, or until `deadline`.
-std::string read_until_closed(int fd, Clock::time_point deadline) {
-  std::string got;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left <= 0ms) return got + "<timeout>";
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-    char buffer[64];
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n <= 0) return got;
-    got.append(buffer, static_cast<std::size_t>(n));
-  }
-}
-
-//! The child's exit status, 128 + the signal that ended it, or -1 when it did not end before
-//! `deadline` (it is killed then).
-int wait_for_exit(pid_t child, Clock::time_point deadline) {
-  int status = 0;
-  while (::waitpid(child, &status, WNOHANG) == 0) {
-    if (Clock::now() > deadline) {
-      ::kill(child, SIGKILL);
-      ::waitpid(child, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+namespace {
 
 //! Waits for `f` until `deadline`. A thread still running then is taken for a deadlock: the case
 //! fails and the process ends, since its future's destructor would wait for it forever.
@@ -140,16 +104,16 @@ BOOST_AUTO_TEST_SUITE(reaper)
 // finish, and the reaper destroys nothing more (what is queued goes with the process), rather
 // than running user destructors while the exit handlers and the CUDA runtime's teardown run.
 BOOST_AUTO_TEST_CASE(exit_lets_the_running_destructor_finish_and_the_reaper_destroys_nothing_more) {
-  int fds[2];
-  BOOST_REQUIRE(::pipe(fds) == 0);  // not close-on-exec: the child writes to fds[1]
-  const pid_t child = start_exit_child(fds[1]);
-  ::close(fds[1]);
-  BOOST_REQUIRE(child > 0);
-  const std::string events = read_until_closed(fds[0], Clock::now() + 20s);
-  ::close(fds[0]);
-  const int code = wait_for_exit(child, Clock::now() + 20s);
-  BOOST_TEST(code == 0, "the child ended with " << code << " (4: no reaper thread in it; above 128: a signal; -1: it hung and was killed)");
-  BOOST_TEST(events == "aA");  // 'a' began and finished before the process ended; 'b' never began
+  // temp_path names the folder after the process id, which is the same in every Bazel sandbox
+  // (a pid namespace each): the clock keeps runs of this binary side by side apart.
+  const auto dir = tp_test::temp_path("reaper_exit_" + std::to_string(Clock::now().time_since_epoch().count()));
+  std::filesystem::create_directories(dir);
+  std::vector<tp_test::Child> children{tp_test::spawn_worker(
+      "exit_while_the_reaper_destroys", {{events_variable, (dir / "events").string()}}, dir / "child.log")};
+  tp_test::require_children_succeed(children, 20s);  // above 128: a signal; timed out: it hung
+  // 'a' began and finished before the process ended; 'b' never began.
+  BOOST_TEST(tp_test::read_file(dir / "events") == "aA");
+  std::filesystem::remove_all(dir);
 }
 
 // Many threads hand objects over at once (as CUDA's callback thread does) while another drains:
