@@ -1,10 +1,11 @@
 // The reaper thread (tensorplay/detail/reaper.hpp): it destroys what graphs retained, once CUDA
-// has released it. The objects here hold no CUDA resources, so no GPU is needed and these cases
-// run everywhere, CI included.
+// has released it. The first cases hand it objects that hold no CUDA resources, so no GPU is
+// needed and they run everywhere, CI included; the last retains device memory through graphs.
 //
-// The exit case starts this binary again as a worker (child_process.hpp) that exits: a fresh
+// The exit cases start this binary again as a worker (child_process.hpp) that exits: a fresh
 // process, whose reaper nothing has started.
 #include <tensorplay/detail/reaper.hpp>
+#include <tensorplay/graph.hpp>
 
 #include "child_process.hpp"
 
@@ -56,6 +57,46 @@ struct Reporting final : td::RetainedBox {
   }
 };
 
+//! Retained by a graph: device memory, given back in its destructor (a CUDA call), after `takes`.
+//! Writes its letter to `fd` when its destructor begins, and in upper case once the memory is back.
+struct HoldsMemory {
+  int fd;
+  char letter;
+  std::chrono::milliseconds takes;
+  std::atomic<bool>* begun;
+  tensorplay::DeviceTensor<int> memory;
+  HoldsMemory(int f, char l, std::chrono::milliseconds t, std::atomic<bool>* b, std::size_t n, tensorplay::StreamRef s)
+      : fd(f), letter(l), takes(t), begun(b), memory(n, s) {}
+  HoldsMemory(const HoldsMemory&) = delete;
+  HoldsMemory& operator=(const HoldsMemory&) = delete;
+  ~HoldsMemory() {
+    (void)!::write(fd, &letter, 1);
+    begun->store(true);
+    std::this_thread::sleep_for(takes);
+    memory = tensorplay::DeviceTensor<int>();
+    const char done = static_cast<char>(letter - 'a' + 'A');
+    (void)!::write(fd, &done, 1);
+  }
+};
+
+//! Opens the file named by `variable` for the worker's events.
+inline int open_events(const char* variable) {
+  const char* path = std::getenv(variable);
+  tp_test::worker_require(path != nullptr, std::string(variable) + " is not set");
+  const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  tp_test::worker_require(fd >= 0, std::string("cannot open ") + path);
+  return fd;
+}
+
+//! Waits (in a worker) until `flag` is set, at most 10 s.
+inline void await(const std::atomic<bool>& flag, const char* what) {
+  const auto until = Clock::now() + 10s;
+  while (!flag.load()) {
+    tp_test::worker_require(Clock::now() < until, what);
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
 constexpr const char* events_variable = "TENSORPLAY_REAPER_EVENTS";  // the file the worker writes to
 
 }  // namespace
@@ -65,22 +106,52 @@ constexpr const char* events_variable = "TENSORPLAY_REAPER_EVENTS";  // the file
 // point). Each object writes its letter to the events file when its destructor begins, and the
 // letter in upper case when it ends.
 TP_WORKER(exit_while_the_reaper_destroys) {
-  const char* path = std::getenv(events_variable);
-  tp_test::worker_require(path != nullptr, std::string(events_variable) + " is not set");
-  const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  tp_test::worker_require(fd >= 0, std::string("cannot open ") + path);
+  const int fd = open_events(events_variable);
   static std::atomic<bool> a_begun{false}, b_begun{false};
   // Registered before the reaper starts, so it runs after the reaper's exit handler: it stands for
   // the teardown that comes later (static destructors, the CUDA runtime's handlers), and gives a
   // reaper that still destroys during exit the time to show it.
   std::atexit([] { std::this_thread::sleep_for(200ms); });
   td::Reaper::enqueue(new Reporting(fd, 'a', 300ms, &a_begun));  // starts the reaper
-  const auto until = Clock::now() + 10s;
-  while (!a_begun.load()) {
-    tp_test::worker_require(Clock::now() < until, "the reaper never began destroying the first object");
-    std::this_thread::sleep_for(1ms);
-  }
+  await(a_begun, "the reaper never began destroying the first object");
   td::Reaper::enqueue(new Reporting(fd, 'b', 0ms, &b_begun));  // queued while 'a' is destroyed
+  std::exit(0);
+}
+
+// The same with device memory that graphs retained, on a GPU: graph A's object is being destroyed
+// (its memory not yet given back), graph B's was released after it, and graph C's is held by a
+// replay of C still running (it spins 2 s, then writes that memory) when the process exits.
+TP_WORKER(exit_while_retained_memory_waits) {
+  namespace tp = tensorplay;
+  const int fd = open_events(events_variable);
+  static std::atomic<bool> a_begun{false}, b_begun{false}, c_begun{false};
+  std::atexit([] { std::this_thread::sleep_for(200ms); });  // after the reaper's handler, as above
+  constexpr std::size_t n = 1 << 20;
+  tp::Stream stream;
+  auto held = [&](char letter, std::chrono::milliseconds takes, std::atomic<bool>* begun) {
+    return std::make_shared<HoldsMemory>(fd, letter, takes, begun, n, stream);
+  };
+  auto a = std::make_unique<tp::Graph>(), b = std::make_unique<tp::Graph>(), c = std::make_unique<tp::Graph>();
+  for (tp::Graph* g : {a.get(), b.get()})
+    g->capture([&](tp::StreamRef s) { tp_test::spin_kernel<<<1, 1, 0, s>>>(1000); }, {.stream = stream});
+  std::shared_ptr<HoldsMemory> c_object = held('c', 0ms, &c_begun);
+  int* c_memory = c_object->memory.data();
+  c->capture(
+      [&](tp::StreamRef s) {
+        tp_test::spin_kernel<<<1, 1, 0, s>>>(2'000'000'000);
+        tp_test::fill_kernel<<<tp_test::blocks_for(n), 256, 0, s>>>(c_memory, n, 7);
+      },
+      {.stream = stream});
+  a->retain(held('a', 300ms, &a_begun));
+  b->retain(held('b', 0ms, &b_begun));
+  c->retain(std::move(c_object));
+  TP_WORKER_CHECK(cudaStreamSynchronize(stream));
+  c->replay(stream);
+  c.reset();  // its object goes once the replay completes: after the exit below
+  a.reset();  // released at once: the reaper starts and destroys it
+  await(a_begun, "the reaper never began destroying graph A's object");
+  b.reset();  // released while A's object is destroyed
+  TP_WORKER_CHECK(cudaGetLastError());
   std::exit(0);
 }
 
@@ -112,6 +183,21 @@ BOOST_AUTO_TEST_CASE(exit_lets_the_running_destructor_finish_and_the_reaper_dest
       "exit_while_the_reaper_destroys", {{events_variable, (dir / "events").string()}}, dir / "child.log")};
   tp_test::require_children_succeed(children, 20s);  // above 128: a signal; timed out: it hung
   // 'a' began and finished before the process ended; 'b' never began.
+  BOOST_TEST(tp_test::read_file(dir / "events") == "aA");
+  std::filesystem::remove_all(dir);
+}
+
+// A GPU process that exits while objects that hold device memory wait at the reaper, or in a
+// replay still running: it exits with status 0 (no destructor calls CUDA during the runtime's
+// teardown, so none fails and terminates), the object the reaper was destroying gives its memory
+// back before the process ends, and neither the queued object nor the one the replay held is
+// destroyed.
+TP_GPU_TEST(exit_with_retained_device_memory_queued_and_in_a_running_replay) {
+  const auto dir = tp_test::temp_path("reaper_gpu_exit_" + std::to_string(Clock::now().time_since_epoch().count()));
+  std::filesystem::create_directories(dir);
+  std::vector<tp_test::Child> children{tp_test::spawn_worker(
+      "exit_while_retained_memory_waits", {{events_variable, (dir / "events").string()}}, dir / "child.log")};
+  tp_test::require_children_succeed(children, 60s);
   BOOST_TEST(tp_test::read_file(dir / "events") == "aA");
   std::filesystem::remove_all(dir);
 }
