@@ -675,83 +675,61 @@ TP_GPU_TEST(conditionals_and_buckets) {
 // conditionals x threads
 // ============================================================================================
 
-// One thread of the cases below: 20 rounds with its own graph of while_, switch_ and if_else_
-// nodes (captured again every fifth round, concurrently with the other threads' replays), in
-// thread-local capture mode. With `keep_pool`, every capture of the graph goes into one pool of
-// the thread's, which keeps its memory across the re-captures: it must hold exactly what the
-// first capture made it reserve.
-static std::string conditionals_thread(int t, Clock::time_point deadline, bool keep_pool) {
-  tp::Stream stream;
-  tp::DeviceTensor<int> x(n, stream);
-  tp::DeviceTensor<int> y(n, stream);
-  tp::DeviceTensor<int> z(n, stream);
-  Countdown countdown(stream);
-  tp::DeviceTensor<int> index(1, stream);
-  tp::DeviceTensor<bool> flag(1, stream);
-  const tp::Pool pool = keep_pool ? tp::graph_pool_handle() : tp::Pool();
-  tp::Graph graph(tp::GraphOptions{.pool = pool, .capture_error_mode = thread_local_mode});
-  std::size_t first_reserved = 0;
-  auto capture = [&] {
-    graph.reset();
-    graph.capture(
-        [&](tp::StreamRef) {
-          graph.while_(countdown.more, [&](tp::StreamRef s) {
-            add_into<<<8, 256, 0, s>>>(x.data(), x.data(), n, 1);
-            countdown.step(s);
-          });
-          graph.switch_(
-              index, [&](tp::StreamRef s) { add_into<<<8, 256, 0, s>>>(x.data(), y.data(), n, 0); },
-              [&](tp::StreamRef s) { through_temporary(x, y, 10)(s); },
-              [&](tp::StreamRef s) { add_into<<<8, 256, 0, s>>>(x.data(), y.data(), n, 20); });
-          graph.if_else_(
-              flag, [&](tp::StreamRef s) { add_into<<<8, 256, 0, s>>>(y.data(), z.data(), n, 1); },
-              [&](tp::StreamRef s) { through_temporary(y, z, -1)(s); });
-        },
-        {.stream = stream});
-  };
-  for (int round = 0; round < 20; ++round) {
-    if (Clock::now() > deadline) return "time budget spent at round " + std::to_string(round);
-    if (round % 5 == 0) {
-      capture();
-      if (keep_pool) {
-        if (graph.pool() != pool) return at("pool", round, "the graph captured into another pool than its own");
-        const std::size_t reserved = pool.reserved_bytes();
-        if (round == 0) first_reserved = reserved;
-        if (reserved == 0 || reserved != first_reserved)
-          return at("pool", round, "reserves " + std::to_string(reserved) + " bytes, the first capture " + std::to_string(first_reserved));
-      }
-    }
-    const int k = (t + round) % 5;
-    const int which = round % 4;  // 3: no body runs, y keeps -5
-    const bool then_branch = round % 2 == 0;
-    iota(x, 1000 * t + round, stream);
-    fill_all(y, -5, stream);
-    countdown.arm(k, stream);
-    set_int<<<1, 1, 0, stream>>>(index.data(), which);
-    set_flag<<<1, 1, 0, stream>>>(flag.data(), then_branch);
-    graph.replay(stream);
-    auto x_want = [&](std::size_t i) { return iota_at(1000 * t + round, i) + k; };
-    auto y_want = [&](std::size_t i) { return which == 3 ? -5 : x_want(i) + 10 * which; };
-    std::string bad = mismatch(host_in_thread(x, stream), x_want);
-    if (!bad.empty()) return at("x", round, bad);
-    bad = mismatch(host_in_thread(y, stream), y_want);
-    if (!bad.empty()) return at("y", round, bad);
-    bad = mismatch(host_in_thread(z, stream), [&](std::size_t i) { return y_want(i) + (then_branch ? 1 : -1); });
-    if (!bad.empty()) return at("z", round, bad);
-  }
-  return "";
-}
-
-// Six threads of conditionals_thread, each graph's captures in a fresh private pool (given back
-// to CUDA at each re-capture).
+// Six threads, 20 rounds each, each with its own graph of while_, switch_ and if_else_ nodes
+// (captured again every fifth round, concurrently with the others' replays), in thread-local
+// capture mode.
 TP_GPU_TEST(conditionals_on_six_threads) {
-  check_threads(on_threads(6, [](int t, Clock::time_point deadline) { return conditionals_thread(t, deadline, false); }));
-}
-
-// The same with each thread's captures in one pool of its own, kept across the re-captures (no
-// segment given back while the other threads replay).
-TP_GPU_TEST(conditionals_on_six_threads_each_in_a_pool_kept_across_captures) {
-  check_threads(on_threads(6, [](int t, Clock::time_point deadline) { return conditionals_thread(t, deadline, true); }));
+  const auto errors = on_threads(6, [](int t, Clock::time_point deadline) -> std::string {
+    tp::Stream stream;
+    tp::DeviceTensor<int> x(n, stream);
+    tp::DeviceTensor<int> y(n, stream);
+    tp::DeviceTensor<int> z(n, stream);
+    Countdown countdown(stream);
+    tp::DeviceTensor<int> index(1, stream);
+    tp::DeviceTensor<bool> flag(1, stream);
+    tp::Graph graph(tp::GraphOptions{.capture_error_mode = thread_local_mode});
+    auto capture = [&] {
+      graph.reset();
+      graph.capture(
+          [&](tp::StreamRef) {
+            graph.while_(countdown.more, [&](tp::StreamRef s) {
+              add_into<<<8, 256, 0, s>>>(x.data(), x.data(), n, 1);
+              countdown.step(s);
+            });
+            graph.switch_(
+                index, [&](tp::StreamRef s) { add_into<<<8, 256, 0, s>>>(x.data(), y.data(), n, 0); },
+                [&](tp::StreamRef s) { through_temporary(x, y, 10)(s); },
+                [&](tp::StreamRef s) { add_into<<<8, 256, 0, s>>>(x.data(), y.data(), n, 20); });
+            graph.if_else_(
+                flag, [&](tp::StreamRef s) { add_into<<<8, 256, 0, s>>>(y.data(), z.data(), n, 1); },
+                [&](tp::StreamRef s) { through_temporary(y, z, -1)(s); });
+          },
+          {.stream = stream});
+    };
+    for (int round = 0; round < 20; ++round) {
+      if (Clock::now() > deadline) return "time budget spent at round " + std::to_string(round);
+      if (round % 5 == 0) capture();
+      const int k = (t + round) % 5;
+      const int which = round % 4;  // 3: no body runs, y keeps -5
+      const bool then_branch = round % 2 == 0;
+      iota(x, 1000 * t + round, stream);
+      fill_all(y, -5, stream);
+      countdown.arm(k, stream);
+      set_int<<<1, 1, 0, stream>>>(index.data(), which);
+      set_flag<<<1, 1, 0, stream>>>(flag.data(), then_branch);
+      graph.replay(stream);
+      auto x_want = [&](std::size_t i) { return iota_at(1000 * t + round, i) + k; };
+      auto y_want = [&](std::size_t i) { return which == 3 ? -5 : x_want(i) + 10 * which; };
+      std::string bad = mismatch(host_in_thread(x, stream), x_want);
+      if (!bad.empty()) return at("x", round, bad);
+      bad = mismatch(host_in_thread(y, stream), y_want);
+      if (!bad.empty()) return at("y", round, bad);
+      bad = mismatch(host_in_thread(z, stream), [&](std::size_t i) { return y_want(i) + (then_branch ? 1 : -1); });
+      if (!bad.empty()) return at("z", round, bad);
+    }
+    return "";
+  });
+  check_threads(errors);
 }
 
 // ============================================================================================
