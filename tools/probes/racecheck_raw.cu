@@ -28,11 +28,7 @@
 //        own on the body stream (cudaStreamBeginCapture, not ...ToGraph), whose nodes are then
 //        copied into the node's body graph, kernels through the driver (cuGraphKernelNodeGetParams
 //        and cuGraphAddKernelNode, then cudaGraphKernelNodeCopyAttributes), edges with their data.
-#include <cuda.h>  // the driver's types only: its entry points come from cudaGetDriverEntryPointByVersion
-#include <cuda_runtime.h>
-
-#include <tensorplay/detail/kernel_library.hpp>  // decode_base64 only: no tensorplay CUDA call
-#include <tensorplay/detail/kernels/fatbin.hpp>
+#include "raw_graph.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -42,15 +38,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#define CHECK(call)                                                                                  \
-  do {                                                                                               \
-    const cudaError_t status_ = (call);                                                              \
-    if (status_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(status_)); \
-      std::exit(1);                                                                                  \
-    }                                                                                                \
-  } while (0)
 
 __global__ void affine(const unsigned* x, unsigned* y, int n, unsigned a, unsigned b) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = a * x[i] + b;
@@ -73,38 +60,15 @@ bool copied_bodies = false;  // "copy"
 cudaKernel_t library_set_bool = nullptr;  // tensorplay_set_handle_b8, loaded by load_library_kernel
 
 //! A one-thread launch of `kernel` on `s`, with a programmatic edge in "pdl" mode.
-void launch_set_kernel(cudaStream_t s, const void* kernel, void** args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(1);
-  config.blockDim = dim3(1);
-  config.stream = s;
-  config.attrs = programmatic ? &attribute : nullptr;
-  config.numAttrs = programmatic ? 1 : 0;
-  CHECK(cudaLaunchKernelExC(&config, kernel, args));
-}
+void launch_set_kernel(cudaStream_t s, const void* kernel, void** args) { raw::launch_one_thread(s, kernel, args, programmatic); }
 
 void launch_set_while(cudaStream_t s, cudaGraphConditionalHandle handle, const int* counter) {
   void* args[] = {&handle, &counter};
   launch_set_kernel(s, reinterpret_cast<const void*>(set_while), args);
 }
 
-//! Loads tensorplay's kernel image (base64 in fatbin.hpp) and takes its bool set-handle kernel.
-void load_library_kernel() {
-#if !defined(__CUDA_ARCH__)  // the fatbin is host data: nvcc's device pass does not see it
-  namespace k = tensorplay::detail::kernels;
-  static std::vector<unsigned long long> image(k::fatbin_bytes / 8 + 1);  // aligned as the ELF data
-  tensorplay::detail::decode_base64(k::fatbin_base64, sizeof(k::fatbin_base64) - 1,
-                                    reinterpret_cast<unsigned char*>(image.data()));
-  cudaLibrary_t library = nullptr;
-  CHECK(cudaLibraryLoadData(&library, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
-  CHECK(cudaLibraryGetKernel(&library_set_bool, library, "tensorplay_set_handle_b8"));
-  cudaFuncAttributes attributes{};
-  CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(library_set_bool)));
-#endif
-}
+//! Takes tensorplay's bool set-handle kernel from its kernel image.
+void load_library_kernel() { library_set_bool = raw::library_kernel("tensorplay_set_handle_b8"); }
 
 //! A conditional node being captured: its handle, the node, the stream capturing its body, and
 //! the node's body graph.
@@ -114,68 +78,6 @@ struct Conditional {
   cudaStream_t body_stream = nullptr;
   cudaGraph_t body = nullptr;
 };
-
-//! The two driver calls tensorplay copies kernel nodes with ("copy"), resolved once.
-struct DriverCalls {
-  CUresult (*get_params)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS_v2*) = nullptr;
-  CUresult (*add_node)(CUgraphNode*, CUgraph, const CUgraphNode*, std::size_t, const CUDA_KERNEL_NODE_PARAMS_v2*) = nullptr;
-};
-DriverCalls driver;
-
-void resolve_driver_calls() {
-  cudaDriverEntryPointQueryResult found{};
-  void* fn = nullptr;
-  CHECK(cudaGetDriverEntryPointByVersion("cuGraphKernelNodeGetParams", &fn, 12000, cudaEnableDefault, &found));
-  driver.get_params = reinterpret_cast<decltype(driver.get_params)>(fn);
-  CHECK(cudaGetDriverEntryPointByVersion("cuGraphAddKernelNode", &fn, 12000, cudaEnableDefault, &found));
-  driver.add_node = reinterpret_cast<decltype(driver.add_node)>(fn);
-  if (driver.get_params == nullptr || driver.add_node == nullptr) {
-    std::fprintf(stderr, "driver entry points not found\n");
-    std::exit(1);
-  }
-}
-
-//! Copies the nodes and edges of a body's own capture `from` into the body graph `to` ("copy").
-void copy_body(cudaGraph_t from, cudaGraph_t to) {
-  std::size_t count = 0;
-  CHECK(cudaGraphGetNodes(from, nullptr, &count));
-  std::vector<cudaGraphNode_t> nodes(count), copies(count);
-  CHECK(cudaGraphGetNodes(from, nodes.data(), &count));
-  for (std::size_t i = 0; i < count; ++i) {
-    cudaGraphNodeType type{};
-    CHECK(cudaGraphNodeGetType(nodes[i], &type));
-    if (type != cudaGraphNodeTypeKernel) {
-      std::fprintf(stderr, "copy_body: a node that is not a kernel\n");
-      std::exit(1);
-    }
-    CUDA_KERNEL_NODE_PARAMS_v2 params{};
-    CUgraphNode copy = nullptr;
-    if (driver.get_params(reinterpret_cast<CUgraphNode>(nodes[i]), &params) != CUDA_SUCCESS ||
-        driver.add_node(&copy, reinterpret_cast<CUgraph>(to), nullptr, 0, &params) != CUDA_SUCCESS) {
-      std::fprintf(stderr, "copy_body: a driver call failed\n");
-      std::exit(1);
-    }
-    copies[i] = reinterpret_cast<cudaGraphNode_t>(copy);
-    CHECK(cudaGraphKernelNodeCopyAttributes(copies[i], nodes[i]));
-  }
-  std::size_t edges = 0;
-  CHECK(cudaGraphGetEdges(from, nullptr, nullptr, nullptr, &edges));
-  if (edges == 0) return;
-  std::vector<cudaGraphNode_t> tails(edges), heads(edges);
-  std::vector<cudaGraphEdgeData> data(edges);
-  CHECK(cudaGraphGetEdges(from, tails.data(), heads.data(), data.data(), &edges));
-  const auto copy_of = [&](cudaGraphNode_t node) {
-    for (std::size_t i = 0; i < count; ++i)
-      if (nodes[i] == node) return copies[i];
-    std::fprintf(stderr, "copy_body: an edge names a node the body does not hold\n");
-    std::exit(1);
-  };
-  for (std::size_t e = 0; e < edges; ++e) {
-    tails[e] = copy_of(tails[e]);
-    heads[e] = copy_of(heads[e]);
-  }
-  CHECK(cudaGraphAddDependencies(to, tails.data(), heads.data(), data.data(), edges));
-}
 
 //! At the current point of the capture on `s`: creates a handle, captures `launch_set(handle)`
 //! (the kernel that sets it), adds a conditional node of `type` after it, and begins capturing
@@ -211,7 +113,7 @@ void end_conditional(cudaStream_t s, Conditional c) {
   cudaGraph_t body = nullptr;
   CHECK(cudaStreamEndCapture(c.body_stream, &body));
   if (copied_bodies) {
-    copy_body(body, c.body);
+    raw::copy_body(body, c.body);
     CHECK(cudaGraphDestroy(body));
   }
   CHECK(cudaStreamUpdateCaptureDependencies(s, &c.node, nullptr, 1, cudaStreamSetCaptureDependencies));
@@ -392,7 +294,7 @@ int main(int argc, char** argv) {
       CHECK(cudaFuncGetAttributes(&attributes, kernel));
   }
   if (with_if_nodes) load_library_kernel();
-  if (copied_bodies) resolve_driver_calls();
+  if (copied_bodies) (void)raw::driver();
   std::atomic<bool> stop{false};
   std::atomic<long> replays{0}, allocations{0};
   std::vector<std::thread> background;
