@@ -23,9 +23,14 @@
 //   nvcc -std=c++20 -O2 -arch=sm_90 -I. -o cond_threads_raw tools/probes/cond_threads_raw.cu
 //   compute-sanitizer --tool memcheck ./cond_threads_raw [ROUNDS [FEATURES]]
 //
-// FEATURES, comma-separated: "nopdl" launches the while body's set-handle kernel without the
-// programmatic edge; "kept" keeps each thread's segment across its re-captures (no cudaFree while
-// the others replay). Prints "ok" and exits 0, or names the failed call or value and exits 1.
+// FEATURES, comma-separated, each taking one ingredient out:
+//   nopdl     the while body's set-handle kernel without the programmatic edge
+//   kept      each thread's segment kept across its re-captures (no cudaFree while others replay)
+//   nowhile, noswitch, noif   that node left out (its outputs keep their fill)
+//   notemp    the temporaries' bodies write straight to their output (no segment at all)
+//   tograph   bodies captured straight into the node's body graph (cudaStreamBeginCaptureToGraph)
+//   threadsN  N threads (1 to 9) instead of 6
+// Prints "ok" and exits 0, or names the failed call or value and exits 1.
 #include "raw_graph.hpp"
 
 #include <atomic>
@@ -53,8 +58,12 @@ __global__ void count_down(int* counter, bool* more) { *more = --*counter > 0; }
 
 namespace {
 
-bool programmatic = true;  // without "nopdl"
-bool keep_segment = false; // "kept"
+bool programmatic = true;   // without "nopdl"
+bool keep_segment = false;  // "kept"
+bool with_while = true, with_switch = true, with_if = true;  // without "nowhile", "noswitch", "noif"
+bool temporaries = true;    // without "notemp"
+bool copied_bodies = true;  // without "tograph"
+int threads = 6;            // "threads1" .. "threads9"
 cudaKernel_t set_b8 = nullptr, set_i32 = nullptr;
 std::atomic<int> failures{0};
 
@@ -154,18 +163,28 @@ struct ThreadGraph {
     CHECK(cudaGraphAddNode(&node, g, deps, nullptr, count, &params));
     CHECK(cudaStreamUpdateCaptureDependencies(stream, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
     for (unsigned i = 0; i < size; ++i) {
-      CHECK(cudaStreamBeginCapture(body_stream, cudaStreamCaptureModeThreadLocal));
+      if (copied_bodies)
+        CHECK(cudaStreamBeginCapture(body_stream, cudaStreamCaptureModeThreadLocal));
+      else
+        CHECK(cudaStreamBeginCaptureToGraph(body_stream, params.conditional.phGraph_out[i], nullptr, nullptr, 0,
+                                            cudaStreamCaptureModeThreadLocal));
       registry.opened();
       body(i, handle);
       cudaGraph_t captured = nullptr;
       CHECK(cudaStreamEndCapture(body_stream, &captured));
       registry.closed();
-      raw::copy_body(captured, params.conditional.phGraph_out[i]);
-      CHECK(cudaGraphDestroy(captured));
+      if (copied_bodies) {
+        raw::copy_body(captured, params.conditional.phGraph_out[i]);
+        CHECK(cudaGraphDestroy(captured));
+      }
     }
   }
 
   void through_temporary(const int* from, int* to, int value) {
+    if (!temporaries) {
+      add_into<<<8, 256, 0, body_stream>>>(from, to, n, value);
+      return;
+    }
     int* t = temporary();
     add_into<<<8, 256, 0, body_stream>>>(from, t, n, value);
     add_into<<<8, 256, 0, body_stream>>>(t, to, n, 0);
@@ -182,17 +201,20 @@ struct ThreadGraph {
     }
     CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     registry.opened();
+    if (with_while)
     conditional(cudaGraphCondTypeWhile, 1, set_b8, more, [&](unsigned, cudaGraphConditionalHandle handle) {
       add_into<<<8, 256, 0, body_stream>>>(x, x, n, 1);
       count_down<<<1, 1, 0, body_stream>>>(counter, more);
       set_kernel(body_stream, set_b8, handle, more, programmatic);  // follows one kernel
     });
+    if (with_switch)
     conditional(cudaGraphCondTypeSwitch, 3, set_i32, index, [&](unsigned i, cudaGraphConditionalHandle) {
       if (i == 1)
         through_temporary(x, y, 10);
       else
         add_into<<<8, 256, 0, body_stream>>>(x, y, n, i == 0 ? 0 : 20);
     });
+    if (with_if)
     conditional(cudaGraphCondTypeIf, 2, set_b8, flag, [&](unsigned i, cudaGraphConditionalHandle) {
       if (i == 0)
         add_into<<<8, 256, 0, body_stream>>>(y, z, n, 1);
@@ -235,6 +257,7 @@ void worker(int t, int rounds, char* memory) {
     const int base = 1000 * t + round;
     iota<<<8, 256, 0, g.stream>>>(g.x, n, base);
     fill<<<8, 256, 0, g.stream>>>(g.y, n, -5);
+    fill<<<8, 256, 0, g.stream>>>(g.z, n, -7);
     set_int<<<1, 1, 0, g.stream>>>(g.counter, k);
     set_flag<<<1, 1, 0, g.stream>>>(g.more, k > 0);
     set_int<<<1, 1, 0, g.stream>>>(g.index, which);
@@ -243,9 +266,9 @@ void worker(int t, int rounds, char* memory) {
     CHECK(cudaGraphLaunch(g.exec, g.stream));
     const std::vector<int> x = g.host(g.x), y = g.host(g.y), z = g.host(g.z);
     for (int i = 0; i < n; ++i) {
-      const int xw = base + i + k;
-      const int yw = which == 3 ? -5 : xw + 10 * which;
-      const int zw = yw + (then_branch ? 1 : -1);
+      const int xw = base + i + (with_while ? k : 0);
+      const int yw = which == 3 || !with_switch ? -5 : xw + 10 * which;
+      const int zw = with_if ? yw + (then_branch ? 1 : -1) : -7;
       if (x[i] != xw || y[i] != yw || z[i] != zw) {
         fail("thread " + std::to_string(t) + ", round " + std::to_string(round) + ", element " + std::to_string(i) + ": x " +
              std::to_string(x[i]) + "/" + std::to_string(xw) + ", y " + std::to_string(y[i]) + "/" + std::to_string(yw) + ", z " +
@@ -267,8 +290,15 @@ void worker(int t, int rounds, char* memory) {
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 20;
   const std::string features = argc > 2 ? argv[2] : "";
-  programmatic = features.find("nopdl") == std::string::npos;
-  keep_segment = features.find("kept") != std::string::npos;
+  const auto has = [&](const char* f) { return features.find(f) != std::string::npos; };
+  programmatic = !has("nopdl");
+  keep_segment = has("kept");
+  with_while = !has("nowhile");
+  with_switch = !has("noswitch");
+  with_if = !has("noif");
+  temporaries = !has("notemp");
+  copied_bodies = !has("tograph");
+  if (const std::size_t at = features.find("threads"); at != std::string::npos) threads = features[at + 7] - '0';
   CHECK(cudaFree(nullptr));
   {  // load every kernel first: under lazy loading a first load invalidates open captures
     cudaFuncAttributes attributes{};
@@ -280,7 +310,6 @@ int main(int argc, char** argv) {
   set_b8 = raw::library_kernel("tensorplay_set_handle_b8");
   set_i32 = raw::library_kernel("tensorplay_set_handle_i32");
   (void)raw::driver();
-  constexpr int threads = 6;
   char* memory = nullptr;
   CHECK(cudaMalloc(reinterpret_cast<void**>(&memory), segment_bytes));
   std::vector<std::thread> running;
@@ -288,8 +317,7 @@ int main(int argc, char** argv) {
   for (std::thread& t : running) t.join();
   registry.release();
   CHECK(cudaFree(memory));
-  std::printf("%d threads x %d rounds (%s%s), %d failures\n", threads, rounds, programmatic ? "pdl" : "nopdl",
-              keep_segment ? ", kept" : "", failures.load());
+  std::printf("%d threads x %d rounds (%s), %d failures\n", threads, rounds, features.c_str(), failures.load());
   if (failures.load() != 0) return 1;
   std::printf("ok\n");
   return 0;
