@@ -30,6 +30,7 @@
 //   notemp    the temporaries' bodies write straight to their output (no segment at all)
 //   tograph   bodies captured straight into the node's body graph (cudaStreamBeginCaptureToGraph)
 //   threadsN  N threads (1 to 9) instead of 6
+//   nocond    the control: no conditional node at all; the graph computes y = x, z = x + 1
 // Prints "ok" and exits 0, or names the failed call or value and exits 1.
 #include "raw_graph.hpp"
 
@@ -63,6 +64,7 @@ bool keep_segment = false;  // "kept"
 bool with_while = true, with_switch = true, with_if = true;  // without "nowhile", "noswitch", "noif"
 bool temporaries = true;    // without "notemp"
 bool copied_bodies = true;  // without "tograph"
+bool conditionals = true;   // without "nocond"
 int threads = 6;            // "threads1" .. "threads9"
 cudaKernel_t set_b8 = nullptr, set_i32 = nullptr;
 std::atomic<int> failures{0};
@@ -201,20 +203,24 @@ struct ThreadGraph {
     }
     CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     registry.opened();
-    if (with_while)
+    if (!conditionals) {  // the control: y = x, z = x + 1 by kernels of the graph itself
+      add_into<<<8, 256, 0, stream>>>(x, y, n, 0);
+      add_into<<<8, 256, 0, stream>>>(y, z, n, 1);
+    }
+    if (with_while && conditionals)
     conditional(cudaGraphCondTypeWhile, 1, set_b8, more, [&](unsigned, cudaGraphConditionalHandle handle) {
       add_into<<<8, 256, 0, body_stream>>>(x, x, n, 1);
       count_down<<<1, 1, 0, body_stream>>>(counter, more);
       set_kernel(body_stream, set_b8, handle, more, programmatic);  // follows one kernel
     });
-    if (with_switch)
+    if (with_switch && conditionals)
     conditional(cudaGraphCondTypeSwitch, 3, set_i32, index, [&](unsigned i, cudaGraphConditionalHandle) {
       if (i == 1)
         through_temporary(x, y, 10);
       else
         add_into<<<8, 256, 0, body_stream>>>(x, y, n, i == 0 ? 0 : 20);
     });
-    if (with_if)
+    if (with_if && conditionals)
     conditional(cudaGraphCondTypeIf, 2, set_b8, flag, [&](unsigned i, cudaGraphConditionalHandle) {
       if (i == 0)
         add_into<<<8, 256, 0, body_stream>>>(y, z, n, 1);
@@ -266,9 +272,9 @@ void worker(int t, int rounds, char* memory) {
     CHECK(cudaGraphLaunch(g.exec, g.stream));
     const std::vector<int> x = g.host(g.x), y = g.host(g.y), z = g.host(g.z);
     for (int i = 0; i < n; ++i) {
-      const int xw = base + i + (with_while ? k : 0);
-      const int yw = which == 3 || !with_switch ? -5 : xw + 10 * which;
-      const int zw = with_if ? yw + (then_branch ? 1 : -1) : -7;
+      const int xw = base + i + (with_while && conditionals ? k : 0);
+      const int yw = !conditionals ? xw : which == 3 || !with_switch ? -5 : xw + 10 * which;
+      const int zw = !conditionals ? xw + 1 : with_if ? yw + (then_branch ? 1 : -1) : -7;
       if (x[i] != xw || y[i] != yw || z[i] != zw) {
         fail("thread " + std::to_string(t) + ", round " + std::to_string(round) + ", element " + std::to_string(i) + ": x " +
              std::to_string(x[i]) + "/" + std::to_string(xw) + ", y " + std::to_string(y[i]) + "/" + std::to_string(yw) + ", z " +
@@ -298,6 +304,7 @@ int main(int argc, char** argv) {
   with_if = !has("noif");
   temporaries = !has("notemp");
   copied_bodies = !has("tograph");
+  conditionals = !has("nocond");
   if (const std::size_t at = features.find("threads"); at != std::string::npos) threads = features[at + 7] - '0';
   CHECK(cudaFree(nullptr));
   {  // load every kernel first: under lazy loading a first load invalidates open captures
