@@ -16,12 +16,14 @@
 #include <cstdlib>
 #include <vector>
 
+// A failed call ends the process with std::_Exit: several threads failing at once (a sticky error
+// reaches them all) must not run the exit handlers together.
 #define CHECK(call)                                                                                  \
   do {                                                                                               \
     const cudaError_t status_ = (call);                                                              \
     if (status_ != cudaSuccess) {                                                                    \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(status_)); \
-      std::exit(1);                                                                                  \
+      std::_Exit(1);                                                                                 \
     }                                                                                                \
   } while (0)
 
