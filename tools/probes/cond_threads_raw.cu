@@ -30,6 +30,7 @@
 //   notemp    the temporaries' bodies write straight to their output (no segment at all)
 //   tograph   bodies captured straight into the node's body graph (cudaStreamBeginCaptureToGraph)
 //   threadsN  N threads (1 to 9) instead of 6
+//   ownset    the probe's own set-handle kernels instead of tensorplay's (no cudaLibraryLoadData)
 //   nocond    the control: no conditional node at all; the graph computes y = x, z = x + 1
 // Prints "ok" and exits 0, or names the failed call or value and exits 1.
 #include "raw_graph.hpp"
@@ -56,6 +57,15 @@ __global__ void fill(int* x, int count, int value) {
 __global__ void set_int(int* p, int v) { *p = v; }
 __global__ void set_flag(bool* p, bool v) { *p = v; }
 __global__ void count_down(int* counter, bool* more) { *more = --*counter > 0; }
+// The probe's own set-handle kernels ("ownset"), in its own module, for tensorplay's.
+__global__ void own_set_b8(cudaGraphConditionalHandle handle, const bool* value) {
+  cudaGridDependencySynchronize();
+  cudaGraphSetConditional(handle, *value ? 1u : 0u);
+}
+__global__ void own_set_i32(cudaGraphConditionalHandle handle, const int* value) {
+  cudaGridDependencySynchronize();
+  cudaGraphSetConditional(handle, static_cast<unsigned>(*value));
+}
 
 namespace {
 
@@ -314,8 +324,16 @@ int main(int argc, char** argv) {
                                reinterpret_cast<const void*>(set_flag), reinterpret_cast<const void*>(count_down)})
       CHECK(cudaFuncGetAttributes(&attributes, kernel));
   }
-  set_b8 = raw::library_kernel("tensorplay_set_handle_b8");
-  set_i32 = raw::library_kernel("tensorplay_set_handle_i32");
+  if (has("ownset")) {
+    CHECK(cudaGetKernel(&set_b8, own_set_b8));
+    CHECK(cudaGetKernel(&set_i32, own_set_i32));
+    cudaFuncAttributes attributes{};
+    CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(set_b8)));
+    CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(set_i32)));
+  } else {
+    set_b8 = raw::library_kernel("tensorplay_set_handle_b8");
+    set_i32 = raw::library_kernel("tensorplay_set_handle_i32");
+  }
   (void)raw::driver();
   char* memory = nullptr;
   CHECK(cudaMalloc(reinterpret_cast<void**>(&memory), segment_bytes));
