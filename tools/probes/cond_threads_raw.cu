@@ -217,26 +217,29 @@ struct ThreadGraph {
       add_into<<<8, 256, 0, stream>>>(x, y, n, 0);
       add_into<<<8, 256, 0, stream>>>(y, z, n, 1);
     }
-    if (with_while && conditionals)
-    conditional(cudaGraphCondTypeWhile, 1, set_b8, more, [&](unsigned, cudaGraphConditionalHandle handle) {
-      add_into<<<8, 256, 0, body_stream>>>(x, x, n, 1);
-      count_down<<<1, 1, 0, body_stream>>>(counter, more);
-      set_kernel(body_stream, set_b8, handle, more, programmatic);  // follows one kernel
-    });
-    if (with_switch && conditionals)
-    conditional(cudaGraphCondTypeSwitch, 3, set_i32, index, [&](unsigned i, cudaGraphConditionalHandle) {
-      if (i == 1)
-        through_temporary(x, y, 10);
-      else
-        add_into<<<8, 256, 0, body_stream>>>(x, y, n, i == 0 ? 0 : 20);
-    });
-    if (with_if && conditionals)
-    conditional(cudaGraphCondTypeIf, 2, set_b8, flag, [&](unsigned i, cudaGraphConditionalHandle) {
-      if (i == 0)
-        add_into<<<8, 256, 0, body_stream>>>(y, z, n, 1);
-      else
-        through_temporary(y, z, -1);
-    });
+    if (with_while && conditionals) {
+      conditional(cudaGraphCondTypeWhile, 1, set_b8, more, [&](unsigned, cudaGraphConditionalHandle handle) {
+        add_into<<<8, 256, 0, body_stream>>>(x, x, n, 1);
+        count_down<<<1, 1, 0, body_stream>>>(counter, more);
+        set_kernel(body_stream, set_b8, handle, more, programmatic);  // follows one kernel
+      });
+    }
+    if (with_switch && conditionals) {
+      conditional(cudaGraphCondTypeSwitch, 3, set_i32, index, [&](unsigned i, cudaGraphConditionalHandle) {
+        if (i == 1)
+          through_temporary(x, y, 10);
+        else
+          add_into<<<8, 256, 0, body_stream>>>(x, y, n, i == 0 ? 0 : 20);
+      });
+    }
+    if (with_if && conditionals) {
+      conditional(cudaGraphCondTypeIf, 2, set_b8, flag, [&](unsigned i, cudaGraphConditionalHandle) {
+        if (i == 0)
+          add_into<<<8, 256, 0, body_stream>>>(y, z, n, 1);
+        else
+          through_temporary(y, z, -1);
+      });
+    }
     CHECK(cudaStreamEndCapture(stream, &graph));
     registry.closed();
     cudaGraphInstantiateParams params{};
