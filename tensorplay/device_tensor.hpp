@@ -76,6 +76,10 @@ class DeviceTensor {
     std::swap(device_, other.device_);
   }
 
+  //! Frees the memory now, into its pool (inside a capture too: the capture's later allocations
+  //! may reuse it, as when the tensor is destroyed); the tensor is then empty.
+  void reset() noexcept { DeviceTensor().swap(*this); }
+
   [[nodiscard]] T* data() noexcept { return data_; }
   [[nodiscard]] const T* data() const noexcept { return data_; }
   //! Number of elements.

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -68,6 +69,8 @@ class cuda_error : public std::runtime_error {
   [[nodiscard]] cudaError_t status() const noexcept { return status_; }
   //! Where the caller asked for the failing work.
   [[nodiscard]] const tensorplay::source_location& where() const noexcept { return where_; }
+  //! The failing call, as named in what() ("cudaGraphLaunch", say).
+  [[nodiscard]] const std::string& call() const noexcept { return *call_; }
 
  protected:
   //! For errors that say more: `more` (empty or starting with "; ") goes before " at <file>:<line>".
@@ -86,6 +89,7 @@ class cuda_error : public std::runtime_error {
 
   cudaError_t status_;
   tensorplay::source_location where_;
+  std::shared_ptr<const std::string> call_;  // shared: copying an exception must not throw
 };
 
 //! A stream capture was invalidated (or ended behind tensorplay's back), by a call of the
@@ -193,9 +197,9 @@ TENSORPLAY_DECL std::string failed_call_text(std::string_view call, std::string_
 
 namespace tensorplay {
 
-TENSORPLAY_DECL cuda_error::cuda_error(cudaError_t status, std::string_view call, tensorplay::source_location where) : std::runtime_error(describe(status, call, "", where)), status_(status), where_(where) {}
+TENSORPLAY_DECL cuda_error::cuda_error(cudaError_t status, std::string_view call, tensorplay::source_location where) : std::runtime_error(describe(status, call, "", where)), status_(status), where_(where), call_(std::make_shared<const std::string>(call)) {}
 
-TENSORPLAY_DECL cuda_error::cuda_error(cudaError_t status, std::string_view call, std::string_view more, tensorplay::source_location where) : std::runtime_error(describe(status, call, more, where)), status_(status), where_(where) {}
+TENSORPLAY_DECL cuda_error::cuda_error(cudaError_t status, std::string_view call, std::string_view more, tensorplay::source_location where) : std::runtime_error(describe(status, call, more, where)), status_(status), where_(where), call_(std::make_shared<const std::string>(call)) {}
 
 TENSORPLAY_DECL std::string cuda_error::describe(cudaError_t status, std::string_view call, std::string_view more,
     tensorplay::source_location where) {

@@ -10,6 +10,7 @@
 // device_tensor.hpp  DeviceTensor
 // graph/options.hpp  CaptureErrorMode, GraphOptions, CaptureOptions, UpdateResult, DotFlags
 // graph/graph.hpp    Graph: capture, replay, update, retain, conditional nodes, stage_and_launch
+// graph/rebind.hpp   RebindResult: what Graph::rebind (GraphBuckets, PiecewiseGraph too) changed
 // graph/conditional_scope.hpp   ConditionalScope, IfScope, WhileScope
 // graph/make_graphed.hpp        make_graphed
 // graph/piecewise.hpp           PiecewiseGraph: captured segments with eager steps between them
@@ -36,6 +37,7 @@
 #include <tensorplay/graph/make_graphed.hpp>
 #include <tensorplay/graph/options.hpp>
 #include <tensorplay/graph/piecewise.hpp>
+#include <tensorplay/graph/rebind.hpp>
 #include <tensorplay/pool.hpp>
 #include <tensorplay/random.hpp>
 #include <tensorplay/stream.hpp>

@@ -804,6 +804,9 @@ TENSORPLAY_DECL bool PoolImpl::try_record(PendingUse& use) noexcept {
   if (use.stream == nullptr) return false;  // retired without a marker: never completes
   // The legacy and per-thread default streams are the current device's: the pool's, here.
   const bool default_stream = use.stream == cudaStreamLegacy || use.stream == cudaStreamPerThread;
+  // A record on the legacy stream while a blocking stream captures (the side and body streams
+  // captures use are blocking) would break that capture: recorded at a later poll instead.
+  if (use.stream == cudaStreamLegacy && CaptureRegistry::instance().any_open()) return false;
   DeviceGuard on_pool_device(default_stream ? device_ : -1, DeviceGuard::quiet);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(use.stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) {

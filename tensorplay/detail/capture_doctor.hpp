@@ -165,6 +165,13 @@ TENSORPLAY_DECL capture_error::Facts CaptureDoctor::examine(cudaStream_t origin,
   if (facts.driver_message.empty()) facts.driver_message = last_end_message(seen, capture);
 
   facts.context = context_of(capture, inner, culprit, records, where);
+  if (culprit != nullptr && breaking_status(*culprit) == cudaErrorStreamCaptureImplicit) {
+    std::string advice =
+        "the call went to the legacy default stream (stream 0: a kernel<<<grid, block>>> or an async call without a "
+        "stream), which cannot be captured and may not wait for a capture; issue it on the stream passed to the body "
+        "or on tensorplay::current_stream()";
+    facts.context = facts.context.empty() ? advice : advice + "; " + facts.context;
+  }
   return facts;
 }
 

@@ -42,12 +42,17 @@ class DriverApi {
   using GetKernelParams = int (*)(cudaGraphNode_t, DriverKernelNodeParams*);
   using AddKernelNode = int (*)(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, std::size_t,
                                 const DriverKernelNodeParams*);
+  using SetKernelParams = int (*)(cudaGraphNode_t, const DriverKernelNodeParams*);
+  using ExecSetKernelParams = int (*)(cudaGraphExec_t, cudaGraphNode_t, const DriverKernelNodeParams*);
 
   TENSORPLAY_PROCESS_WIDE static const DriverApi& get(const tensorplay::source_location& where);
 
   StreamIsCapturing stream_is_capturing = nullptr;
   GetKernelParams kernel_node_get_params = nullptr;
   AddKernelNode add_kernel_node = nullptr;
+  // Graph::rebind (graph/detail/rebind.hpp): kernel nodes of every kind, the library's own included.
+  SetKernelParams kernel_node_set_params = nullptr;
+  ExecSetKernelParams exec_kernel_node_set_params = nullptr;
 
  private:
   explicit DriverApi(const tensorplay::source_location& where);
@@ -94,6 +99,8 @@ TENSORPLAY_DECL DriverApi::DriverApi(const tensorplay::source_location& where) {
   resolve("cuStreamIsCapturing", stream_is_capturing, where);
   resolve("cuGraphKernelNodeGetParams", kernel_node_get_params, where);
   resolve("cuGraphAddKernelNode", add_kernel_node, where);
+  resolve("cuGraphKernelNodeSetParams", kernel_node_set_params, where);
+  resolve("cuGraphExecKernelNodeSetParams", exec_kernel_node_set_params, where);
 }
 
 TENSORPLAY_DECL bool stream_is_capturing(cudaStream_t stream, const tensorplay::source_location& where) {

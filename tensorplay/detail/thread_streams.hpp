@@ -95,7 +95,7 @@ TENSORPLAY_DECL cudaStream_t side_stream(int device, const tensorplay::source_lo
     DeviceGuard guard(device, where);
     RelaxedCaptureMode relaxed;  // creating a stream must not disturb a capture on another stream
     cudaStream_t stream = nullptr;
-    TENSORPLAY_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), where);
+    TENSORPLAY_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamDefault), where);
     slot = OwnedStream(stream);
   }
   return slot.get();

@@ -39,9 +39,12 @@
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/detail/bucket_memory.hpp>
 #include <tensorplay/graph/detail/executable.hpp>
+#include <tensorplay/graph/detail/rebind.hpp>
+#include <tensorplay/graph/detail/rebind_graphs.hpp>
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/graph/options.hpp>
 #include <tensorplay/graph/piecewise.hpp>
+#include <tensorplay/graph/rebind.hpp>
 #include <tensorplay/graph/detail/staging.hpp>
 #include <tensorplay/pool.hpp>
 #include <tensorplay/stream.hpp>
@@ -102,10 +105,20 @@ concept PiecewiseBucketBody = std::is_invocable_v<Body&, PiecewiseGraph&, std::s
 template <class Body>
 concept GraphBucketBody = std::is_invocable_v<Body&, StreamRef, std::size_t>;
 
+// The third form, body(graph, stream, size), is GraphTakingBucketBody (graph/detail/bucket_memory.hpp).
+
 //! The first `count` elements of a contiguous tensor, as a span.
 template <class T>
 std::span<element_t<T>> front_of(const T& t, std::size_t count) noexcept {
   return std::span<element_t<T>>(tensor_data(t), count);
+}
+
+//! `s` where rebinds (`map`; null: none) moved it; pair `pair` of a staged run.
+template <class T>
+std::span<T> rebound_span(std::span<T> s, const RebindMap* map, std::size_t pair) {
+  if (map == nullptr) return s;
+  const auto begin = reinterpret_cast<std::uintptr_t>(s.data());
+  return std::span<T>(reinterpret_cast<T*>(map->where_now(begin, begin + s.size_bytes(), pair)), s.size());
 }
 
 //! Copies every input onto its static buffer with one copy per pair, in stream order, with
@@ -144,6 +157,24 @@ void stage_by_copies(const std::tuple<S...>& statics, const std::tuple<I&...>& i
 //! body(PiecewiseGraph& pieces, std::size_t size), calling pieces.capture and pieces.eager; the
 //! current stream is then the run's stream. (A body callable both ways is taken as piecewise.)
 //!
+//! For conditional nodes in a bucket (Graph::conditional_handle, if_, while_, if_else_, switch_,
+//! with handles or predicates), the body takes the bucket's Graph too:
+//! body(Graph& graph, StreamRef stream, std::size_t size), captured as one graph like
+//! body(stream, size) (lazily, by capture_all, with share_executables, and into estimate()'s
+//! throwaway graphs, whichever graph is capturing). Such a body cannot run eagerly: a run above
+//! the ladder throws usage_error, whatever the overflow policy, before anything is issued.
+//! Detection: a body callable as body(Graph&, StreamRef, std::size_t) is taken as this form,
+//! before the other two are looked at. The forms differ in their number of arguments, so a
+//! generic lambda [&](auto& g, StreamRef s, std::size_t n) is this form (g is the Graph), and no
+//! body of two arguments is; only a body callable with both two and three arguments (an
+//! overload set, a variadic lambda) could be either, and it is given the Graph. A piecewise
+//! body's segments take their Graph with PiecewiseGraph::capture(body(Graph&, StreamRef)).
+//!
+//!     tensorplay::GraphBuckets loops({1, 2, 4, 8}, [&](tensorplay::Graph& g, tensorplay::StreamRef, std::size_t size) {
+//!       auto h = g.conditional_handle(1);                                // a do-while
+//!       g.while_(h, [&, size, h](tensorplay::StreamRef b) { step<<<1, 1, 0, b>>>(size, h); });  // step: h.set(0u)
+//!     });
+//!
 //! Outputs of a run are valid until the next run of any bucket: see the header comment for
 //! why, and keep inputs and outputs that must outlive a run in buffers of your own, sized for
 //! the largest bucket, outside the pool. Runs, captures included, are issued to the stream
@@ -152,9 +183,11 @@ void stage_by_copies(const std::tuple<S...>& statics, const std::tuple<I&...>& i
 //! Not thread-safe: one thread at a time per GraphBuckets, like Graph.
 template <class Body>
 class GraphBuckets {
-  static constexpr bool piecewise = detail::PiecewiseBucketBody<Body>;
-  static_assert(piecewise || detail::GraphBucketBody<Body>,
-                "GraphBuckets: the body must be callable as body(StreamRef stream, std::size_t size) or "
+  static constexpr bool takes_graph = detail::GraphTakingBucketBody<Body>;  // looked for first
+  static constexpr bool piecewise = !takes_graph && detail::PiecewiseBucketBody<Body>;
+  static_assert(takes_graph || piecewise || detail::GraphBucketBody<Body>,
+                "GraphBuckets: the body must be callable as body(StreamRef stream, std::size_t size), "
+                "body(Graph& graph, StreamRef stream, std::size_t size) (for conditional nodes), or "
                 "body(PiecewiseGraph& pieces, std::size_t size)");
   using Unit = std::conditional_t<piecewise, PiecewiseGraph, Graph>;
   static constexpr std::size_t none = static_cast<std::size_t>(-1);
@@ -168,7 +201,8 @@ class GraphBuckets {
       : sizes_(std::move(sizes)), body_(std::move(body)), options_(std::move(options)), pool_(options_.pool) {
     detail::check_ladder(sizes_);
     if (piecewise && options_.share_executables)
-      detail::throw_usage("GraphBuckets: share_executables needs a body captured as one graph, body(StreamRef, size)");
+      detail::throw_usage("GraphBuckets: share_executables needs a body captured as one graph, body(StreamRef, size) "
+                          "or body(Graph&, StreamRef, size)");
     buckets_.resize(sizes_.size());
     if (!options_.lazy) capture_all(current_stream(where), where);
   }
@@ -176,7 +210,9 @@ class GraphBuckets {
   //! Runs a batch of n on `stream`: replays bucket_for(n) (capturing it first if needed).
   //! Above the ladder, Overflow::Eager runs body(stream, n) eagerly. Returns the size run: the
   //! bucket, or n when eager.
-  //! \throws usage_error for n = 0, and above the ladder with Overflow::Throw. A body that
+  //! \throws usage_error for n = 0, and above the ladder with Overflow::Throw or with a body
+  //!         that takes the Graph (nothing is issued then; a piecewise body's segment that
+  //!         takes its Graph throws when reached, after the pieces before it ran). A body that
   //!         throws while its bucket is captured: the exception propagates, the bucket stays
   //!         uncaptured, nothing is left capturing, and the next run tries again.
   std::size_t run(std::size_t n, StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) {
@@ -201,9 +237,18 @@ class GraphBuckets {
   //! stage_and_launch (conversions, host and peer inputs, overlaps refused).
   //!
   //!     decode.run(batch, std::tie(static_tokens), std::tie(tokens), stream);
+  //!
+  //! Both tuples may hold temporaries as well as references, as for Graph::stage_and_launch.
   template <class... S, class... I>
-  std::size_t run(std::size_t n, std::tuple<S&...> static_inputs, std::tuple<I&...> inputs, StreamRef stream,
+  std::size_t run(std::size_t n, std::tuple<S...> static_inputs, std::tuple<I...> inputs, StreamRef stream,
                   tensorplay::source_location where = tensorplay::source_location::current()) {
+    return run_staged(n, detail::tie_all(static_inputs), detail::tie_all(inputs), stream, where);
+  }
+
+ private:
+  template <class... S, class... I>
+  std::size_t run_staged(std::size_t n, std::tuple<S&...> static_inputs, std::tuple<I&...> inputs, StreamRef stream,
+                         const tensorplay::source_location& where) {
     static_assert(sizeof...(S) == sizeof...(I), "GraphBuckets::run: static_inputs and inputs must have the same number of elements");
     static_assert((detail::check_stage_pair<std::remove_cvref_t<S>, std::remove_cvref_t<I>>() && ...));
     const std::size_t i = index_for(n, "run");
@@ -213,10 +258,11 @@ class GraphBuckets {
       return std::make_tuple(staged_front(k, std::get<k>(static_inputs), tensor_size(std::get<k>(inputs)), n, rows)...);
     }(std::index_sequence_for<S...>{});
     if (i != none) prepare(i, stream, where);
+    const detail::RebindMap* moved = rebound(i);  // where rebinds of this bucket moved the buffers (null: nowhere)
     if (options_.zero_fill_tail && rows > n) {
       [&]<std::size_t... k>(std::index_sequence<k...>) {
         (zero_tail(std::get<k>(static_inputs), std::get<k>(fronts).size(), tensor_size(std::get<k>(inputs)) / n * rows,
-                   stream, where),
+                   moved, k, stream, where),
          ...);
       }(std::index_sequence_for<S...>{});
     }
@@ -228,13 +274,62 @@ class GraphBuckets {
         return rows;
       }
     }
-    detail::stage_by_copies(fronts, inputs, stream.device(where), stream.get(), where);
+    auto targets = [&]<std::size_t... k>(std::index_sequence<k...>) {  // graph-owned buckets map in Graph itself
+      return std::make_tuple(detail::rebound_span(std::get<k>(fronts), moved, k)...);
+    }(std::index_sequence_for<S...>{});
+    detail::stage_by_copies(targets, inputs, stream.device(where), stream.get(), where);
     if (i == none) {
       run_eagerly(n, stream, where);
       return n;
     }
     launch(i, stream, where);
     return rows;
+  }
+
+ public:
+  //! Graph::rebind across every bucket captured now, all or nothing: the sum of their nodes.
+  //! Buckets captured later (on their first run, or again after max_executables dropped them)
+  //! capture what their body uses, and are not rebound; runs above the ladder run the body as
+  //! it is. Staged runs of a rebound bucket copy into the buffers it uses now.
+  //!
+  //!     decode.rebind(kv_cache_a, kv_cache_b);   // every captured bucket reads kv_cache_b
+  //!
+  //! \throws usage_error as Graph::rebind does (no bucket has changed then), and with
+  //!         share_executables (buckets switch one executable with cudaGraphExecUpdate from their
+  //!         graphs, which a rebind does not change).
+  template <ContiguousTensor From, ContiguousTensor To>
+  RebindResult rebind(const From& from, const To& to, tensorplay::source_location where = tensorplay::source_location::current()) {
+    static_assert(detail::check_rebind_types<From, To>());
+    if (options_.share_executables)
+      detail::throw_usage("GraphBuckets::rebind: not with share_executables (buckets switch a shared executable with "
+                          "cudaGraphExecUpdate from their graphs); rebuild the ladder with the new buffer, or share none");
+    std::vector<Graph*> graphs;
+    std::vector<std::size_t> owner;  // the bucket of each graph
+    for (std::size_t i = 0; i < buckets_.size(); ++i) {
+      if (!buckets_[i].captured) continue;
+      if constexpr (piecewise) {
+        for (Graph* g : detail::PiecewiseAccess::segments(buckets_[i].unit)) {
+          graphs.push_back(g);
+          owner.push_back(i);
+        }
+      } else {
+        graphs.push_back(&buckets_[i].unit);
+        owner.push_back(i);
+      }
+    }
+    const int device = graphs.empty() ? -1 : graphs.front()->device();
+    const detail::RebindRequest request = detail::rebind_request(from, to, device, "GraphBuckets::rebind", where);
+    std::vector<std::size_t> counts(graphs.size(), 0);
+    const RebindResult result = detail::rebind_all(graphs, request, counts, "GraphBuckets::rebind", where);
+    if constexpr (piecewise) {  // a bucket whose segments changed stages where they read now
+      for (std::size_t g = 0; g < graphs.size();) {  // a bucket's segments are consecutive
+        const std::size_t bucket = owner[g];
+        bool changed = false;
+        for (; g < graphs.size() && owner[g] == bucket; ++g) changed |= counts[g] != 0;
+        if (changed) detail::PiecewiseAccess::moved(buckets_[bucket].unit, request);
+      }
+    }
+    return result;
   }
 
   //! Captures every bucket not captured yet, largest first, on `stream` (nothing runs), so that
@@ -270,7 +365,8 @@ class GraphBuckets {
 
   //! What capture_all would take, before any bucket is captured: the pool (counted once) and the
   //! executables (modelled; shared ones once). Captures every bucket into throwaway graphs on
-  //! `stream`, largest first, compiles none, and gives everything back before returning.
+  //! `stream`, largest first, compiles none, and gives everything back before returning (a body
+  //! that takes the Graph is given each throwaway Graph).
   //! \throws usage_error once a bucket is captured, or for a piecewise body; whatever the body
   //!         throws (nothing is left capturing or held then).
   [[nodiscard]] MemoryEstimate estimate(StreamRef stream, tensorplay::source_location where = tensorplay::source_location::current()) {
@@ -321,7 +417,19 @@ class GraphBuckets {
     if (i == none && options_.overflow == Overflow::Throw)
       detail::throw_usage(std::string("GraphBuckets::") + what + ": a batch of " + std::to_string(n) +
                           " is above the largest bucket (" + std::to_string(sizes_.back()) + ") and overflow is Overflow::Throw");
+    if constexpr (takes_graph) {
+      if (i == none) refuse_eager(n, what);
+    }
     return i;
+  }
+
+  // A body that takes the Graph runs only captured: above the ladder, usage_error.
+  [[noreturn]] void refuse_eager(std::size_t n, const char* what) const {
+    detail::throw_usage(std::string("GraphBuckets::") + what + ": a batch of " + std::to_string(n) +
+                        " is above the largest bucket (" + std::to_string(sizes_.back()) +
+                        "), and a body that takes the Graph (body(Graph&, StreamRef, size), for conditional nodes) "
+                        "cannot run eagerly; use Overflow::Throw and keep batches within the ladder, or a ladder whose "
+                        "largest bucket covers the batch");
   }
 
   void touch(std::size_t i) noexcept { buckets_[i].last_use = ++clock_; }
@@ -340,7 +448,10 @@ class GraphBuckets {
   }
 
   void run_eagerly(std::size_t n, StreamRef stream, const tensorplay::source_location& where) {
-    if constexpr (piecewise) {
+    if constexpr (takes_graph) {
+      (void)stream, (void)where;
+      refuse_eager(n, "run");  // index_for refused it before anything was issued
+    } else if constexpr (piecewise) {
       PiecewiseGraph pieces = detail::PiecewiseAccess::immediate(stream);
       body_(pieces, n);
     } else {
@@ -369,13 +480,16 @@ class GraphBuckets {
       } else if (options_.share_executables) {
         b.unit.capture_begin({.stream = stream}, where);
         try {
-          body_(b.unit.capture_stream(), size);
+          if constexpr (takes_graph) body_(b.unit, b.unit.capture_stream(), size);
+          else body_(b.unit.capture_stream(), size);
         } catch (...) {
           b.unit.reset();  // abandons the capture: nothing is left capturing
           throw;
         }
         b.unit.capture_end(Instantiate::Later, where);
         assign_slot(i, where);
+      } else if constexpr (takes_graph) {
+        b.unit.capture([&](StreamRef s) { body_(b.unit, s, size); }, {.stream = stream}, where);
       } else {
         b.unit.capture([&](StreamRef s) { body_(s, size); }, {.stream = stream}, where);
       }
@@ -503,11 +617,26 @@ class GraphBuckets {
     return detail::front_of(buffer, input_size);
   }
 
+  // Zeroes elements [from, to) of `buffer`, where rebinds (`moved`) put them.
   template <class S>
-  static void zero_tail(const S& buffer, std::size_t from, std::size_t to, StreamRef stream, const tensorplay::source_location& where) {
+  static void zero_tail(const S& buffer, std::size_t from, std::size_t to, const detail::RebindMap* moved, std::size_t pair,
+                        StreamRef stream, const tensorplay::source_location& where) {
     using T = element_t<S>;
     if (to <= from) return;
-    TENSORPLAY_CHECK(cudaMemsetAsync(tensor_data(buffer) + from, 0, (to - from) * sizeof(T), stream.get()), where);
+    const std::span<T> tail = detail::rebound_span(std::span<T>(tensor_data(buffer) + from, to - from), moved, pair);
+    TENSORPLAY_CHECK(cudaMemsetAsync(tail.data(), 0, tail.size_bytes(), stream.get()), where);
+  }
+
+  // Where rebinds of bucket i moved memory that staged runs name; null when nowhere (or i is none).
+  const detail::RebindMap* rebound(std::size_t i) {
+    if (i == none || !buckets_[i].captured) return nullptr;
+    if constexpr (piecewise) {
+      const detail::RebindMap& map = detail::PiecewiseAccess::rebound(buckets_[i].unit);
+      return map.empty() ? nullptr : &map;
+    } else {
+      if (options_.share_executables) return nullptr;
+      return detail::RebindAccess::executable(buckets_[i].unit).rebind_map();
+    }
   }
 
   std::vector<std::size_t> sizes_;

@@ -7,6 +7,7 @@
 #include <tensorplay/tensor.hpp>
 #include <tensorplay/version.hpp>
 
+#include <concepts>
 #include <cstddef>
 #include <exception>
 #include <memory>
@@ -22,22 +23,30 @@ namespace tensorplay {
 //!     { tensorplay::WhileScope loop(graph, not_converged);
 //!       iterate<<<blocks, threads, 0, loop.stream()>>>(x.data(), not_converged.data()); }
 //!
-//! A predicate tensor must outlive the scope; a device callable is copied.
+//! A predicate tensor must outlive the scope; a device callable is copied. With a
+//! ConditionalHandle (Graph::conditional_handle) the user's kernels set the handle, and a
+//! WhileScope's body must set it to 0 to stop.
 template <ConditionalKind K>
 class ConditionalScope {
  public:
   template <class P>
   ConditionalScope(Graph& graph, const P& pred, tensorplay::source_location where = tensorplay::source_location::current())
       : graph_(&graph), uncaught_(std::uncaught_exceptions()), where_(where) {
-    static_assert(detail::check_predicate_type<P>());
-    if constexpr (K == ConditionalKind::If) {
-      graph.begin_capture_to_if_node(pred, where);
+    if constexpr (std::same_as<P, ConditionalHandle>) {
+      // The user's kernels set the handle, also at the end of a while body.
+      if constexpr (K == ConditionalKind::If) graph.begin_capture_to_if_node(pred, where);
+      else graph.begin_capture_to_while_node(pred, where);
     } else {
-      graph.begin_capture_to_while_node(pred, where);
-      // A tensor predicate is read where it lives (it must outlive the scope); a callable is copied.
-      using Held = std::conditional_t<ScalarPredicate<P>, const P*, P>;
-      if constexpr (ScalarPredicate<P>) refresh_ = std::make_unique<Refresh<Held>>(&pred);
-      else refresh_ = std::make_unique<Refresh<Held>>(pred);
+      static_assert(detail::check_predicate_type<P>());
+      if constexpr (K == ConditionalKind::If) {
+        graph.begin_capture_to_if_node(pred, where);
+      } else {
+        graph.begin_capture_to_while_node(pred, where);
+        // A tensor predicate is read where it lives (it must outlive the scope); a callable is copied.
+        using Held = std::conditional_t<ScalarPredicate<P>, const P*, P>;
+        if constexpr (ScalarPredicate<P>) refresh_ = std::make_unique<Refresh<Held>>(&pred);
+        else refresh_ = std::make_unique<Refresh<Held>>(pred);
+      }
     }
     depth_ = graph.conditional_depth();
     stream_ = graph.capture_stream();

@@ -17,12 +17,15 @@
 #include <tensorplay/detail/random_epoch.hpp>
 #include <tensorplay/detail/thread_streams.hpp>
 #include <tensorplay/error.hpp>
+#include <tensorplay/graph/conditional_handle.hpp>
 #include <tensorplay/graph/detail/capture_session.hpp>
 #include <tensorplay/graph/detail/conditional_builder.hpp>
 #include <tensorplay/graph/detail/staging_nodes.hpp>
 #include <tensorplay/graph/detail/executable.hpp>
 #include <tensorplay/graph/options.hpp>
+#include <tensorplay/graph/detail/rebind.hpp>
 #include <tensorplay/graph/detail/retained.hpp>
+#include <tensorplay/graph/rebind.hpp>
 #include <tensorplay/graph/detail/staging.hpp>
 #include <tensorplay/pool.hpp>
 #include <tensorplay/stream.hpp>
@@ -68,6 +71,12 @@ template <PathLike P>
 const char* path_c_str(const P& path) noexcept {
   if constexpr (std::convertible_to<const P&, const char*>) return path;
   else return path.c_str();
+}
+
+//! A tuple of lvalue references to the elements of `t` (references and temporaries alike).
+template <class... T>
+std::tuple<std::remove_reference_t<T>&...> tie_all(std::tuple<T...>& t) noexcept {
+  return std::apply([](auto&... x) { return std::tuple<std::remove_reference_t<T>&...>(x...); }, t);
 }
 }  // namespace detail
 
@@ -119,6 +128,12 @@ class Graph {
     capture_end(where);
   }
 
+  // update() reads the caller's CaptureOptions inline: g++ 12's false positive on their disengaged
+  // std::optional members (options.hpp says which) is off here too.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
   //! Captures `body` again, with this graph's pool and capture mode, and makes the executable
   //! run the new work: patched in place (cudaGraphExecUpdate) when CUDA accepts the new graph,
   //! compiled anew when it refuses (a changed topology, say, or launch attributes such as
@@ -147,6 +162,9 @@ class Graph {
     keep_kept(where);  // an object retained by the body: the executable must hold it too
     return result;
   }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
   //! Compiles the executable if that has not happened (capture_end does it): otherwise a no-op.
   void instantiate(tensorplay::source_location where = tensorplay::source_location::current());
@@ -254,6 +272,20 @@ class Graph {
     open_conditional(cudaGraphCondTypeWhile, pred, "begin_capture_to_while_node", where);
   }
 
+  //! Opens the body of an if node whose handle the user's kernels set (conditional_handle): the
+  //! body runs when the handle's value is non-zero when the node is reached. No kernel of the
+  //! library's is added.
+  void begin_capture_to_if_node(ConditionalHandle handle, tensorplay::source_location where = tensorplay::source_location::current()) {
+    open_conditional(cudaGraphCondTypeIf, handle, "begin_capture_to_if_node", where);
+  }
+
+  //! Opens the body of a while node whose handle the user's kernels set: the body's own kernels
+  //! set it to 0 to stop (nothing refreshes it for them). With conditional_handle(1) the body
+  //! runs at least once (a do-while).
+  void begin_capture_to_while_node(ConditionalHandle handle, tensorplay::source_location where = tensorplay::source_location::current()) {
+    open_conditional(cudaGraphCondTypeWhile, handle, "begin_capture_to_while_node", where);
+  }
+
   //! Captures, at this point of the innermost body, a kernel that copies `pred` into that
   //! body's conditional handle.
   template <class P>
@@ -313,6 +345,85 @@ class Graph {
     (capture_body(node.bodies[i++], node.handle, bodies, where), ...);
   }
 
+  // ---- conditional nodes whose handles the user's kernels set -------------------------------
+
+  //! A handle for one conditional node of this graph, made at the current point of the capture
+  //! (top level or the innermost open body: the node must go at the same level). Its value is
+  //! `default_value` at every launch of the graph (cudaGraphCondAssignDefault) until a kernel
+  //! sets it: conditional_handle(1) with while_ is a do-while loop.
+  //!
+  //!     auto h = graph.conditional_handle();
+  //!     decide<<<1, 1, 0, s>>>(x.data(), h);        // calls h.set(x[0] > 0)
+  //!     graph.if_(h, [&](tensorplay::StreamRef s) { act<<<g, b, 0, s>>>(x.data()); });
+  //!
+  //! \throws usage_error without an open capture (nothing is left capturing).
+  [[nodiscard]] ConditionalHandle conditional_handle(unsigned default_value = 0,
+                                                     tensorplay::source_location where = tensorplay::source_location::current());
+
+  //! `body` runs when the handle's value is non-zero when the node is reached. The user's kernels
+  //! set it; the library adds no kernel. Each handle goes to one node.
+  //! \throws usage_error for a handle of another graph, capture or level, or one already used
+  //!         (the capture is abandoned: nothing is left capturing).
+  template <class F>
+  void if_(ConditionalHandle handle, F&& body, tensorplay::source_location where = tensorplay::source_location::current()) {
+    begin_capture_to_if_node(handle, where);
+    run_body(body);
+    end_capture_to_conditional_node(where);
+  }
+
+  //! `body` runs while the handle's value is non-zero; the body's kernels set it (the library
+  //! does not refresh it). With conditional_handle(1), a do-while.
+  template <class F>
+  void while_(ConditionalHandle handle, F&& body, tensorplay::source_location where = tensorplay::source_location::current()) {
+    begin_capture_to_while_node(handle, where);
+    run_body(body);
+    end_capture_to_conditional_node(where);
+  }
+
+  //! `then_body` when the handle's value is non-zero, else `else_body`. Needs CUDA 12.8.
+  template <class F, class G>
+  void if_else_(ConditionalHandle handle, F&& then_body, G&& else_body,
+                tensorplay::source_location where = tensorplay::source_location::current()) {
+    constexpr const char* what = "if_else_";
+    require_open_capture(what, where);
+    detail::require_multi_body_conditionals(what, where);
+    const detail::ConditionalNode node = detail::add_conditional_node(*session_, cudaGraphCondTypeIf, 2, handle.handle_, handle.capture_, what, where);
+    capture_body(node.bodies[0], node.handle, then_body, where);
+    capture_body(node.bodies[1], node.handle, else_body, where);
+  }
+
+  //! Runs bodies[value] for the handle's value (none when it is out of range). Needs CUDA 12.8.
+  template <class... Fs>
+  void switch_(ConditionalHandle handle, Fs&&... bodies) {
+    static_assert(sizeof...(Fs) > 0, "switch_: give at least one body");
+    const auto where = tensorplay::source_location::current();
+    constexpr const char* what = "switch_";
+    require_open_capture(what, where);
+    detail::require_multi_body_conditionals(what, where);
+    const detail::ConditionalNode node =
+        detail::add_conditional_node(*session_, cudaGraphCondTypeSwitch, sizeof...(Fs), handle.handle_, handle.capture_, what, where);
+    std::size_t i = 0;
+    (capture_body(node.bodies[i++], node.handle, bodies, where), ...);
+  }
+
+  // ---- graphs built elsewhere -----------------------------------------------------------------
+
+  //! Takes ownership of `graph` (built node by node with the CUDA API, or by another library) and
+  //! compiles it for the current device (uploading it when GraphOptions::upload says so). Replay,
+  //! replay inside another capture, stage_and_launch onto its buffers, retain, debug_dump,
+  //! executable_bytes, node_count, update(body) and reset then work as for a captured graph.
+  //! The graph belongs to this Graph from the call on, also when compiling it throws (the Graph
+  //! then holds it uncompiled: instantiate() tries again, reset() destroys it).
+  //!
+  //!     cudaGraph_t built;  cudaGraphCreate(&built, 0);  cudaGraphAddKernelNode(..., built, ...);
+  //!     tensorplay::Graph graph;
+  //!     graph.adopt(built);          // do not destroy `built` yourself
+  //!     graph.replay(stream);
+  //!
+  //! \throws usage_error for a null graph, while a capture is open, or when the Graph already
+  //!         holds a graph (reset() first); cuda_error when CUDA cannot compile it.
+  void adopt(cudaGraph_t graph, tensorplay::source_location where = tensorplay::source_location::current());
+
   // ---- staging ------------------------------------------------------------------------------
 
   //! Copies every input onto its static buffer, then replays, all in order on `stream`; the host
@@ -326,8 +437,11 @@ class Graph {
   //!
   //! Works on every graph the library captures, conditional nodes included. replay() and
   //! stage_and_launch of one graph must not run concurrently.
+  //!
+  //! Both tuples may hold temporaries (std::forward_as_tuple(std::span<const float>(p, n))) as
+  //! well as references (std::tie).
   template <class... S, class... I>
-  void stage_and_launch(std::tuple<S&...> static_inputs, std::tuple<I&...> inputs, StreamRef stream,
+  void stage_and_launch(std::tuple<S...> static_inputs, std::tuple<I...> inputs, StreamRef stream,
                         tensorplay::source_location where = tensorplay::source_location::current()) {
     static_assert(sizeof...(S) == sizeof...(I),
                   "stage_and_launch: static_inputs and inputs must have the same number of elements");
@@ -338,18 +452,56 @@ class Graph {
       if (detail::stream_is_capturing(stream.get(), where)) [[unlikely]]
         detail::throw_usage("stage_and_launch: the stream is being captured; stage outside the capture, or replay() "
                             "the graph inside it (a child graph) after copying the inputs there");
-      exec_.stage_and_launch(static_inputs, inputs, stream.get(), where);
+      exec_.stage_and_launch(detail::tie_all(static_inputs), detail::tie_all(inputs), stream.get(), where);
     }
   }
 
   //! stage_and_launch on this thread's current stream of the graph's device (like replay()).
   template <class... S, class... I>
-  void stage_and_launch(std::tuple<S&...> static_inputs, std::tuple<I&...> inputs,
+  void stage_and_launch(std::tuple<S...> static_inputs, std::tuple<I...> inputs,
                         tensorplay::source_location where = tensorplay::source_location::current()) {
     require_executable("stage_and_launch", where);
-    on_current_stream([&](cudaStream_t stream) { stage_and_launch(static_inputs, inputs, StreamRef(stream), where); },
+    on_current_stream([&](cudaStream_t stream) { stage_and_launch(detail::tie_all(static_inputs), detail::tie_all(inputs), StreamRef(stream), where); },
                       where);
   }
+
+  // ---- pointing the graph at other memory ---------------------------------------------------
+
+  //! Makes every node of the executable that uses memory of `from` use the same offset of `to`
+  //! from the next launch on: kernel arguments (also pointers inside struct arguments and
+  //! pointers into the middle of the buffer; not an end pointer one past the last element, which
+  //! may be the next buffer's start), 1-D copies and memsets, in conditional bodies and child
+  //! graphs too. Nothing is copied or captured: one set-params call per node, found in an index
+  //! of the executable's pointer words built at the first rebind. Launches already queued keep
+  //! what they had.
+  //!
+  //!     graph.rebind(input_a, input_b);   // the next replay reads input_b where it read input_a
+  //!
+  //! - `to` has the element type of `from` and at least its size, lives on the graph's device,
+  //!   and does not overlap `from`. rebind does not keep `to` alive (retain does); once launches
+  //!   that used `from` are done, `from` may be freed.
+  //! - stage_and_launch stages into the buffers the graph uses now: a static buffer named as
+  //!   captured (or as an earlier rebind named it) is copied to where rebind moved it.
+  //! - update(body) and a new capture start from the pointers their body uses: earlier rebinds
+  //!   are forgotten.
+  //! - replay(stream) inside another capture adds the graph as it runs now (its rebinds
+  //!   included); the outer graph keeps that copy, which later rebinds of this graph leave alone.
+  //! - Pointers in device memory (a pointer array of a batched GEMM), pointers a kernel computes
+  //!   and end pointers stay as they are (docs/guide.md, "Pointing a graph at other memory").
+  //! - rebind, replay and stage_and_launch of one graph must not run concurrently.
+  //!
+  //! \returns how many nodes changed: 0 when no node uses `from` (nothing changed then).
+  //! \throws usage_error before any capture, while a capture is open, for bad arguments, and when
+  //!         a node that uses `from` cannot change (a 2-D copy): nothing has changed then.
+  template <ContiguousTensor From, ContiguousTensor To>
+  RebindResult rebind(const From& from, const To& to, tensorplay::source_location where = tensorplay::source_location::current()) {
+    static_assert(detail::check_rebind_types<From, To>());
+    if (is_capturing()) detail::throw_usage("rebind: a capture is open on this graph; rebind after capture_end");
+    require_executable("rebind", where);
+    return exec_.rebind(detail::rebind_request(from, to, exec_.device(), "rebind", where), where);
+  }
+
+  friend struct detail::RebindAccess;  // GraphBuckets, PiecewiseGraph: rebind across their graphs
 
  private:
   template <ConditionalKind>
@@ -441,6 +593,13 @@ class Graph {
     detail::open_body(*session_, node.bodies[0], node.handle, where);
   }
 
+  void open_conditional(cudaGraphConditionalNodeType type, ConditionalHandle handle, const char* what,
+                        const tensorplay::source_location& where) {
+    require_open_capture(what, where);
+    const detail::ConditionalNode node = detail::add_conditional_node(*session_, type, 1, handle.handle_, handle.capture_, what, where);
+    detail::open_body(*session_, node.bodies[0], node.handle, where);
+  }
+
   // Captures `body` into one body of a conditional node (if_else_, switch_).
   template <class F>
   void capture_body(cudaGraph_t slot, cudaGraphConditionalHandle handle, F& body, const tensorplay::source_location& where) {
@@ -476,6 +635,7 @@ class Graph {
   GraphOptions options_;
   mutable Pool pool_;               // the pool captures go into (empty until one is needed)
   mutable detail::KeepAlive keep_;  // retained objects and the pool, held by graphs and executables
+  std::optional<bool> capture_upload_;  // CaptureOptions::upload of the last capture (over GraphOptions::upload)
   CaptureErrorMode mode_ = CaptureErrorMode::Global;  // the last capture's: update() captures with it
   bool debug_ = false;
   bool has_conditionals_ = false;   // CUDA refuses such a graph as a child graph
@@ -547,6 +707,7 @@ TENSORPLAY_DECL void Graph::reset() noexcept {
   pool_ = options_.pool;
   keep_.set_pool(pool_.impl());
   has_conditionals_ = false;
+  capture_upload_.reset();
 }
 
 TENSORPLAY_DECL Pool Graph::pool() const {
@@ -588,6 +749,28 @@ TENSORPLAY_DECL cudaGraphExec_t Graph::native_exec() const noexcept { return exe
 
 TENSORPLAY_DECL std::size_t Graph::executable_bytes(tensorplay::source_location where) const {
   return exec_.bytes(where);
+}
+
+TENSORPLAY_DECL ConditionalHandle Graph::conditional_handle(unsigned default_value, tensorplay::source_location where) {
+  require_open_capture("conditional_handle", where);
+  return ConditionalHandle(detail::make_conditional_handle(*session_, default_value, where), session_->serial());
+}
+
+TENSORPLAY_DECL void Graph::adopt(cudaGraph_t graph, tensorplay::source_location where) {
+  if (graph == nullptr) detail::throw_usage("adopt: the graph is null");
+  if (is_capturing()) detail::throw_usage("adopt: a capture is open on this graph; call capture_end first");
+  if (exec_.holds_graph())
+    detail::throw_usage("adopt: this graph already holds a graph; call reset() first (the graph given was not taken)");
+  const int device = detail::current_device(where);
+  detail::GraphHandle owned(graph);
+  const bool conditionals = detail::has_conditional_nodes(graph, where);
+  if (keep_.needed()) keep_.retain_on(graph, where);
+  capture_upload_.reset();
+  has_conditionals_ = conditionals;
+  exec_.hold(std::move(owned), device, keep_.needed());
+  std::optional<cudaStream_t> upload;
+  if (options_.upload) upload = nullptr;
+  exec_.compile(upload, where);
 }
 
 TENSORPLAY_DECL void Graph::end_capture_to_conditional_node(tensorplay::source_location where) {
@@ -644,6 +827,7 @@ TENSORPLAY_DECL void Graph::begin_session(const CaptureOptions& options, std::sh
   const cudaStreamCaptureMode mode = detail::to_cuda(options.capture_error_mode.value_or(options_.capture_error_mode));
   if (!session_) session_ = std::make_unique<detail::CaptureSession>();  // kept: no allocation per capture
   session_->begin(stream, device, mode, std::move(pool), where);
+  capture_upload_ = options.upload;
   deferred_error_ = nullptr;
 }
 
@@ -669,7 +853,7 @@ TENSORPLAY_DECL void Graph::keep_kept(const tensorplay::source_location& where) 
 TENSORPLAY_DECL void Graph::compile(const tensorplay::source_location& where) { exec_.compile(upload_stream(), where); }
 
 TENSORPLAY_DECL std::optional<cudaStream_t> Graph::upload_stream() const noexcept {
-  if (!options_.upload) return std::nullopt;
+  if (!capture_upload_.value_or(options_.upload)) return std::nullopt;
   return session_ ? session_->origin() : nullptr;
 }
 
@@ -708,7 +892,7 @@ TENSORPLAY_DECL void Graph::add_to_capture(cudaStream_t stream, const tensorplay
     detail::throw_capture_failure_on(cudaErrorStreamCaptureInvalidated, "replay into a capture (the capture was invalidated earlier)",
                                      stream, where);
   cudaGraphNode_t node = nullptr;
-  TENSORPLAY_CHECK(cudaGraphAddChildGraphNode(&node, info.graph, info.dependencies, info.dependency_count, exec_.graph()),
+  TENSORPLAY_CHECK(cudaGraphAddChildGraphNode(&node, info.graph, info.dependencies, info.dependency_count, exec_.current_graph(where)),
                    where);
   TENSORPLAY_CHECK(detail::set_capture_dependencies(stream, &node, 1), where);
   detail::note_conditional_node();  // RandomState: draws after this child graph start a new segment

@@ -51,6 +51,12 @@ struct GraphOptions {
   bool upload = false;
 };
 
+// g++ 12 at -O1 and above reports the disengaged std::optional members of a CaptureOptions temporary as
+// maybe used uninitialized once IPA modref has seen the callee (GCC bug 80635): false, so off here only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 //! Per-capture overrides of a Graph's settings.
 //! Every member has a default member initialiser, so that `{.stream = s}` leaves the others out
 //! without a -Wmissing-field-initializers warning.
@@ -60,7 +66,12 @@ struct CaptureOptions {
   //! Default: the current stream, or this thread's side stream when that is the legacy
   //! default stream (which cannot be captured).
   std::optional<StreamRef> stream = std::nullopt;
+  //! Upload the executable when this capture ends (GraphOptions::upload for this capture).
+  std::optional<bool> upload = std::nullopt;
 };
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 //! What Graph::update did.
 enum class UpdateOutcome {

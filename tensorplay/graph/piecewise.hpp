@@ -10,10 +10,14 @@
 #include <tensorplay/config.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/detail/conditional_builder.hpp>
+#include <tensorplay/graph/detail/rebind.hpp>
+#include <tensorplay/graph/detail/rebind_graphs.hpp>
 #include <tensorplay/graph/graph.hpp>
 #include <tensorplay/graph/options.hpp>
+#include <tensorplay/graph/rebind.hpp>
 #include <tensorplay/pool.hpp>
 #include <tensorplay/stream.hpp>
+#include <tensorplay/tensor.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cstddef>
@@ -81,26 +85,48 @@ class PiecewiseGraph {
  public:
   explicit PiecewiseGraph(GraphOptions options = {}) noexcept : options_(std::move(options)) {}
 
-  //! Appends a segment: captures body(stream) or body() into a Graph of this pool now.
-  //! \throws usage_error when CaptureOptions::pool names another pool; whatever Graph::capture
+  //! Appends a segment: captures body(stream) or body() into a Graph of this pool now; or
+  //! body(graph, stream), given the segment's Graph, for conditional nodes in the segment
+  //! (graph.conditional_handle, graph.if_, graph.while_, ...). A body callable as
+  //! body(Graph&, StreamRef) is taken as that form (a generic lambda (auto& g, StreamRef s) is).
+  //!
+  //!     step.capture([&](tensorplay::Graph& g, tensorplay::StreamRef s) {
+  //!       auto h = g.conditional_handle();
+  //!       decide<<<1, 1, 0, s>>>(x.data(), h);                  // decide calls h.set(...)
+  //!       g.if_(h, [&](tensorplay::StreamRef b) { act<<<1, 1, 0, b>>>(y.data()); });
+  //!     });
+  //!
+  //! \throws usage_error when CaptureOptions::pool names another pool, and for a body that takes
+  //!         the Graph in a PiecewiseGraph that runs eagerly (a piecewise bucket of GraphBuckets
+  //!         run above its ladder: the pieces before it have run); whatever Graph::capture
   //!         throws (a body that throws: the segment is not appended, nothing is left capturing).
   template <class F>
   void capture(F&& body, CaptureOptions options = {}, tensorplay::source_location where = tensorplay::source_location::current()) {
+    constexpr bool takes_graph = std::is_invocable_v<F&, Graph&, StreamRef>;
     if (options.pool && !(*options.pool == pool()))
       detail::throw_usage("PiecewiseGraph::capture: every segment captures into the PiecewiseGraph's one pool; "
                           "leave CaptureOptions::pool empty or pass pool()");
     if (immediate_) {
-      // Eager run of a piecewise bucket above its ladder (GraphBuckets): no capture at all.
-      StreamGuard guard(*immediate_, where);
-      detail::call_body(body, *immediate_);
-      ++count_;
-      return;
+      // Eager run of a piecewise bucket above its ladder (GraphBuckets): no capture at all, so
+      // no Graph to give a body that takes one.
+      if constexpr (takes_graph) {
+        detail::throw_usage("PiecewiseGraph::capture: a segment that takes the Graph (body(Graph&, StreamRef), for "
+                            "conditional nodes) cannot run eagerly, and this piecewise bucket runs eagerly above the "
+                            "ladder of its GraphBuckets; use Overflow::Throw, or a ladder whose largest bucket covers "
+                            "the batch");
+      } else {
+        StreamGuard guard(*immediate_, where);
+        detail::call_body(body, *immediate_);
+        ++count_;
+        return;
+      }
     }
     GraphOptions graph_options = options_;
     graph_options.pool = pool();
     Graph graph(std::move(graph_options));
     options.pool.reset();
-    graph.capture(std::forward<F>(body), options, where);
+    if constexpr (takes_graph) graph.capture([&](StreamRef stream) { body(graph, stream); }, options, where);
+    else graph.capture(std::forward<F>(body), options, where);
     pieces_.push_back(Piece{std::move(graph), nullptr});
     ++count_;
   }
@@ -132,6 +158,23 @@ class PiecewiseGraph {
   //! The pool every segment captures into: GraphOptions::pool, else one made on first need.
   [[nodiscard]] Pool pool() const;
 
+  //! Graph::rebind across every segment captured so far, all or nothing: the sum of their nodes.
+  //! Segments appended later capture what their bodies use and are not rebound; eager steps are
+  //! your code, and use what they use.
+  //! \throws usage_error as Graph::rebind does (no segment has changed then).
+  template <ContiguousTensor From, ContiguousTensor To>
+  RebindResult rebind(const From& from, const To& to, tensorplay::source_location where = tensorplay::source_location::current()) {
+    static_assert(detail::check_rebind_types<From, To>());
+    std::vector<Graph*> graphs;
+    for (Piece& piece : pieces_)
+      if (!piece.step) graphs.push_back(&piece.graph);
+    const int device = graphs.empty() ? -1 : graphs.front()->device();
+    const detail::RebindRequest request = detail::rebind_request(from, to, device, "PiecewiseGraph::rebind", where);
+    const RebindResult result = detail::rebind_all(graphs, request, {}, "PiecewiseGraph::rebind", where);
+    if (result.nodes != 0) rebound_.moved(request);
+    return result;
+  }
+
  private:
   friend struct detail::PiecewiseAccess;
 
@@ -145,6 +188,7 @@ class PiecewiseGraph {
   std::vector<Piece> pieces_;
   std::size_t count_ = 0;
   std::optional<StreamRef> immediate_;  // set: run every piece at once on this stream, keep none
+  detail::RebindMap rebound_;           // where rebinds moved memory (GraphBuckets' staged runs)
 };
 
 namespace detail {
@@ -154,6 +198,12 @@ struct PiecewiseAccess {
   //! A PiecewiseGraph that runs each segment's body and each step at once, on `stream`, and
   //! keeps nothing: a piecewise body run eagerly (above the ladder) without capturing it.
   static PiecewiseGraph immediate(StreamRef stream);
+  //! The segments' graphs, in order.
+  static std::vector<Graph*> segments(PiecewiseGraph& pieces);
+  //! Where rebinds moved memory (for staged runs, which copy before the first segment).
+  static const RebindMap& rebound(const PiecewiseGraph& pieces) noexcept;
+  //! A rebind across several PiecewiseGraphs (GraphBuckets::rebind) changed nodes of this one.
+  static void moved(PiecewiseGraph& pieces, const RebindRequest& request);
 };
 
 }  // namespace detail
@@ -193,6 +243,17 @@ TENSORPLAY_DECL PiecewiseGraph PiecewiseAccess::immediate(StreamRef stream) {
   pieces.immediate_ = stream;
   return pieces;
 }
+
+TENSORPLAY_DECL std::vector<Graph*> PiecewiseAccess::segments(PiecewiseGraph& pieces) {
+  std::vector<Graph*> graphs;
+  for (PiecewiseGraph::Piece& piece : pieces.pieces_)
+    if (!piece.step) graphs.push_back(&piece.graph);
+  return graphs;
+}
+
+TENSORPLAY_DECL const RebindMap& PiecewiseAccess::rebound(const PiecewiseGraph& pieces) noexcept { return pieces.rebound_; }
+
+TENSORPLAY_DECL void PiecewiseAccess::moved(PiecewiseGraph& pieces, const RebindRequest& request) { pieces.rebound_.moved(request); }
 
 }  // namespace tensorplay::detail
 #endif  // TENSORPLAY_DEFINE_BODIES

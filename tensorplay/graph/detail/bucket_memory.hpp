@@ -45,6 +45,12 @@ struct MemoryEstimate {
 
 namespace detail {
 
+//! A body of GraphBuckets captured as one graph that is given that Graph, for conditional nodes:
+//! body(graph, stream, size). GraphBuckets and estimate_ladder look for it before the other
+//! forms (defined here, where estimate_ladder needs it; GraphBuckets' other forms are in buckets.hpp).
+template <class Body>
+concept GraphTakingBucketBody = std::is_invocable_v<Body&, Graph&, StreamRef, std::size_t>;
+
 //! The modelled bytes of the executable of the graph `graph` holds, compiled or not.
 TENSORPLAY_DECL std::size_t held_graph_bytes(const Graph& graph, const tensorplay::source_location& where);
 
@@ -90,10 +96,11 @@ class ScratchPool {
 template <class Body, class Buckets>
 MemoryEstimate estimate_ladder(const std::vector<std::size_t>& sizes, Body& body, const Buckets& buckets, bool share_executables,
                                std::size_t max_executables, StreamRef stream, const tensorplay::source_location& where) {
-  if constexpr (std::is_invocable_v<Body&, PiecewiseGraph&, std::size_t>) {
+  if constexpr (!GraphTakingBucketBody<Body> && std::is_invocable_v<Body&, PiecewiseGraph&, std::size_t>) {
     (void)sizes, (void)body, (void)buckets, (void)share_executables, (void)max_executables, (void)stream;
     throw_usage("GraphBuckets::estimate: a piecewise body runs eager steps between its segments, which a capture "
-                "alone cannot estimate; estimate needs a body captured as one graph, body(StreamRef, size)");
+                "alone cannot estimate; estimate needs a body captured as one graph, body(StreamRef, size) or "
+                "body(Graph&, StreamRef, size)");
   } else {
     for (std::size_t i = 0; i < sizes.size(); ++i)
       if (buckets[i].captured)
@@ -110,7 +117,8 @@ MemoryEstimate estimate_ladder(const std::vector<std::size_t>& sizes, Body& body
       Graph graph(GraphOptions{.pool = scratch.pool()});
       graph.capture_begin({.stream = stream}, where);
       try {
-        body(graph.capture_stream(), sizes[i]);
+        if constexpr (GraphTakingBucketBody<Body>) body(graph, graph.capture_stream(), sizes[i]);  // the throwaway graph
+        else body(graph.capture_stream(), sizes[i]);
       } catch (...) {
         graph.reset();  // abandons the capture: nothing is left capturing
         throw;

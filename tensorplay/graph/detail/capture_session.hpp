@@ -13,6 +13,7 @@
 #include <tensorplay/detail/exec_memory.hpp>
 #include <tensorplay/detail/capture_context.hpp>
 #include <tensorplay/detail/capture_registry.hpp>
+#include <tensorplay/detail/capture_doctor.hpp>
 #include <tensorplay/detail/thread_streams.hpp>
 #include <tensorplay/error.hpp>
 #include <tensorplay/version.hpp>
@@ -20,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -49,6 +51,9 @@ struct CapturedGraph {
   ConditionalBodies conditional_bodies;  // the bodies of its conditional nodes (exec_memory.hpp)
 };
 
+//! A number no capture of the process had before (CaptureSession::serial).
+TENSORPLAY_PROCESS_WIDE TENSORPLAY_DECL std::uint64_t next_capture_serial() noexcept;
+
 //! Why a capture is no longer open.
 enum class CaptureEnd { Open, Ended, Abandoned, StreamDestroyed };
 
@@ -77,15 +82,28 @@ class CaptureSession final : public CaptureOwner {
 
   //! Runs `f`; if it throws, abandons the capture and rethrows. The one place where a failure
   //! inside a capture turns into "nothing is left capturing" (unless kept open, below).
+  //! A cuda_error whose status says the capture is broken (the library's own next call is often
+  //! the first to see it) becomes the capture_error that names the call that broke it.
   template <class F>
   decltype(auto) abandon_on_throw(F&& f) {
     try {
       return f();
+    } catch (const capture_error&) {
+      if (!keep_open_on_failure_) abandon();
+      throw;
+    } catch (const cuda_error& e) {
+      if (is_capture_failure(e.status())) rethrow_as_capture_error(e);
+      if (!keep_open_on_failure_) abandon();
+      throw;
     } catch (...) {
       if (!keep_open_on_failure_) abandon();
       throw;
     }
   }
+
+  //! Throws the capture_error for `e` (a call that failed because the capture is broken),
+  //! abandoning the capture first unless it is kept open.
+  [[noreturn]] void rethrow_as_capture_error(const cuda_error& e);
 
   //! While one lives, a failure does not abandon the capture: a body whose capture cannot end is
   //! dropped and the enclosing captures stay open, so that work issued afterwards is still
@@ -122,6 +140,19 @@ class CaptureSession final : public CaptureOwner {
   [[nodiscard]] std::vector<BodyCapture>& bodies() noexcept { return bodies_; }
   [[nodiscard]] CaptureContext& context() noexcept { return context_; }
 
+  //! Which capture this is: a number no other capture of the process had (0: never begun).
+  [[nodiscard]] std::uint64_t serial() const noexcept { return serial_; }
+
+  //! A handle made for the user (Graph::conditional_handle) in graph `holder`.
+  void issue_handle(cudaGraphConditionalHandle handle, cudaGraph_t holder);
+
+  //! A node about to be made in graph `holder` takes the user's handle (`handle`, made by the
+  //! capture numbered `serial`).
+  //! \throws usage_error for a handle that names no node, was made by another capture or graph,
+  //!         belongs to another graph level (a handle is made where its node goes), or was
+  //!         already taken by a node.
+  void claim_handle(cudaGraphConditionalHandle handle, std::uint64_t serial, cudaGraph_t holder, const char* what);
+
   //! The stream of the body at nesting `depth` (made on first use, reused by later captures).
   cudaStream_t body_stream(std::size_t depth, const tensorplay::source_location& where);
 
@@ -148,6 +179,14 @@ class CaptureSession final : public CaptureOwner {
   const ThreadStreams* owner_thread_ = nullptr;  // the capturing thread (its current-stream table)
   std::atomic<CaptureEnd> end_{CaptureEnd::Ended};
   std::vector<BodyCapture> bodies_;       // open conditional bodies, innermost last
+  //! Handles made for the user in this capture: the graph each belongs to, and whether a node took it.
+  struct IssuedHandle {
+    cudaGraphConditionalHandle handle;
+    cudaGraph_t holder;
+    bool taken;
+  };
+  std::vector<IssuedHandle> issued_;
+  std::uint64_t serial_ = 0;
   bool keep_open_on_failure_ = false;     // see KeepOpenOnFailure
   ConditionalBodies conditional_bodies_;  // the conditional nodes' bodies (exec_memory.hpp)
   bool conditionals_ = false;             // the capture made conditional nodes
@@ -208,6 +247,8 @@ TENSORPLAY_DECL void CaptureSession::begin(cudaStream_t stream, int device, cuda
   mode_ = mode;
   owner_thread_ = &thread_streams();
   bodies_.clear();
+  issued_.clear();
+  serial_ = next_capture_serial();
   conditionals_ = false;
   conditional_bodies_.clear();
   context_.open(device, stream, seq, std::move(pool));
@@ -220,6 +261,12 @@ TENSORPLAY_DECL CapturedGraph CaptureSession::end(const tensorplay::source_locat
   if (!bodies_.empty())
     throw_usage("capture_end: " + std::to_string(bodies_.size()) +
                 " conditional body(ies) still open; call end_capture_to_conditional_node first");
+  for (const IssuedHandle& issued : issued_) {
+    if (issued.taken) continue;
+    abandon();
+    throw_usage("capture_end: a handle made by conditional_handle() was given to no conditional node; give each "
+                "handle to exactly one if_, while_, if_else_, switch_ or scope (the capture was abandoned)");
+  }
   GraphHandle graph;
   const cudaError_t status = end_capture(stream_, graph.out());
   std::shared_ptr<PoolImpl> pool = finish(CaptureEnd::Ended, true, status != cudaSuccess);
@@ -247,12 +294,48 @@ TENSORPLAY_DECL void CaptureSession::note_conditional() noexcept { conditionals_
 
 TENSORPLAY_DECL void CaptureSession::record_bodies(cudaGraphNode_t node, const cudaGraph_t* bodies, unsigned count) { conditional_bodies_.add(node, bodies, count); }
 
+TENSORPLAY_DECL void CaptureSession::rethrow_as_capture_error(const cuda_error& e) {
+  const CaptureSeq body = bodies_.empty() ? 0 : bodies_.back().seq;
+  const cudaStream_t origin = stream_;
+  if (!keep_open_on_failure_) abandon();
+  throw_capture_failure(e.status(), e.call().c_str(), origin, body, e.where());
+}
+
+TENSORPLAY_DECL std::uint64_t next_capture_serial() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+TENSORPLAY_DECL void CaptureSession::issue_handle(cudaGraphConditionalHandle handle, cudaGraph_t holder) {
+  issued_.push_back({handle, holder, false});
+}
+
+TENSORPLAY_DECL void CaptureSession::claim_handle(cudaGraphConditionalHandle handle, std::uint64_t serial, cudaGraph_t holder,
+                                                  const char* what) {
+  if (serial == 0)
+    throw_usage(std::string(what) + ": the ConditionalHandle names no node (default-constructed); make it with "
+                "Graph::conditional_handle() inside the capture");
+  if (serial != serial_)
+    throw_usage(std::string(what) + ": the ConditionalHandle was made by another graph or by a capture that has ended; "
+                "make it with conditional_handle() of this graph, in this capture");
+  for (IssuedHandle& issued : issued_) {
+    if (issued.handle != handle || issued.holder != holder) continue;
+    if (issued.taken)
+      throw_usage(std::string(what) + ": the ConditionalHandle already belongs to another conditional node; CUDA "
+                  "gives each handle to one node, so make one handle per node");
+    issued.taken = true;
+    return;
+  }
+  throw_usage(std::string(what) + ": the ConditionalHandle was made at another level of the graph (inside or outside "
+              "a conditional body); make it at the level where its node goes, in the same body");
+}
+
 TENSORPLAY_DECL cudaStream_t CaptureSession::body_stream(std::size_t depth, const tensorplay::source_location& where) {
   while (body_streams_.size() <= depth) {
     DeviceGuard guard(device_, where);
     RelaxedCaptureMode relaxed;  // creating a stream must not disturb the capture
     cudaStream_t stream = nullptr;
-    TENSORPLAY_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), where);
+    TENSORPLAY_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamDefault), where);
     body_streams_.emplace_back(stream);
   }
   return body_streams_[depth].get();

@@ -24,6 +24,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -183,49 +184,63 @@ struct ConditionalNode {
   cudaGraphConditionalHandle handle;
 };
 
-//! Creates, at the current point of `session`, a set-handle kernel and a conditional node of
-//! `type` with `size` bodies after it (conditional_builder.hpp's header says where each lives).
+//! The graph a conditional node made now at the current point of `session` goes into: the
+//! capture's own graph at the top level, the enclosing node's body graph inside a body.
+//! `info` receives the capture's state on the current stream.
+//! \throws capture_error when the capture was invalidated earlier.
+TENSORPLAY_DECL cudaGraph_t conditional_holder(CaptureSession& session, CaptureInfo& info, const tensorplay::source_location& where);
+
+//! Adds a conditional node of `type` with `size` bodies, whose handle is `handle` (made in
+//! `holder`), at the current point of `session`, after the nodes `info` names.
+TENSORPLAY_DECL ConditionalNode insert_conditional_node(CaptureSession& session, cudaGraphConditionalNodeType type, unsigned size,
+                                                        cudaGraphConditionalHandle handle, cudaGraph_t holder,
+                                                        const CaptureInfo& info, const tensorplay::source_location& where);
+
+//! Creates, at the current point of `session`, a conditional node of `type` with `size` bodies
+//! (conditional_builder.hpp's header says where each lives). `make_handle(holder, stream)` gives
+//! its handle: it may capture work on `stream` first (the set-handle kernel).
+template <class MakeHandle>
+ConditionalNode add_conditional_node_with(CaptureSession& session, cudaGraphConditionalNodeType type, unsigned size,
+                                          MakeHandle&& make_handle, const tensorplay::source_location& where) {
+  return session.abandon_on_throw([&] {
+    CaptureInfo info;
+    const cudaGraph_t holder = conditional_holder(session, info, where);
+    const cudaGraphConditionalHandle handle = make_handle(holder, session.current());
+    TENSORPLAY_CHECK(get_capture_info(session.current(), info), where);  // after what make_handle captured
+    return insert_conditional_node(session, type, size, handle, holder, info, where);
+  });
+}
+
+//! A conditional node whose handle the library sets: a set-handle kernel that copies the
+//! predicate (or index) into a new handle, then the node.
 template <class P>
 ConditionalNode add_conditional_node(CaptureSession& session, cudaGraphConditionalNodeType type, unsigned size,
                                      const P& pred, const char* what, const tensorplay::source_location& where) {
   const void* checked = checked_condition(pred, session.device(), what, where);
-  return session.abandon_on_throw([&] {
-    const cudaStream_t parent = session.current();
-    CaptureInfo info;
-    TENSORPLAY_CHECK(get_capture_info(parent, info), where);
-    if (info.status != cudaStreamCaptureStatusActive)
-      throw_capture_failure_on(cudaErrorStreamCaptureInvalidated,
-                               "cudaStreamGetCaptureInfo (the capture was invalidated earlier)", parent, where);
-    const bool top_level = session.depth() == 0;
-    // The graph that holds the node: the capture's own, or the enclosing node's body graph.
-    const cudaGraph_t holder = top_level ? info.graph : session.bodies().back().slot;
-    cudaGraphConditionalHandle handle = 0;
-    TENSORPLAY_CHECK(cudaGraphConditionalHandleCreate(&handle, holder, 0, 0), where);
-    capture_set_handle(parent, session.device(), handle, pred, checked, where);
-    TENSORPLAY_CHECK(get_capture_info(parent, info), where);
-    cudaGraphNodeParams params{};
-    params.type = cudaGraphNodeTypeConditional;
-    params.conditional.handle = handle;
-    params.conditional.type = type;
-    params.conditional.size = size;
-    cudaGraphNode_t node = nullptr;
-    session.note_conditional();
-    note_conditional_node();  // RandomState: draws after the node start a new segment (random_epoch.hpp)
-    if (top_level) {
-      TENSORPLAY_CHECK(add_node(&node, holder, info.dependencies, info.dependency_count, &params), where);
-      TENSORPLAY_CHECK(set_capture_dependencies(parent, &node, 1), where);
-    } else {
-      // The real node has no edges yet; an empty node marks its place in the body's capture.
-      TENSORPLAY_CHECK(add_node(&node, holder, nullptr, 0, &params), where);
-      cudaGraphNode_t mark = nullptr;
-      TENSORPLAY_CHECK(cudaGraphAddEmptyNode(&mark, info.graph, info.dependencies, info.dependency_count), where);
-      TENSORPLAY_CHECK(set_capture_dependencies(parent, &mark, 1), where);
-      session.bodies().back().nested.emplace_back(mark, node);
-    }
-    session.record_bodies(node, params.conditional.phGraph_out, size);
-    return ConditionalNode{params.conditional.phGraph_out, handle};
-  });
+  return add_conditional_node_with(
+      session, type, size,
+      [&](cudaGraph_t holder, cudaStream_t stream) {
+        cudaGraphConditionalHandle handle = 0;
+        TENSORPLAY_CHECK(cudaGraphConditionalHandleCreate(&handle, holder, 0, 0), where);
+        capture_set_handle(stream, session.device(), handle, pred, checked, where);
+        return handle;
+      },
+      where);
 }
+
+//! A conditional node whose handle the user's kernels set (Graph::conditional_handle): no kernel
+//! of the library's. `serial` is the capture that made the handle.
+TENSORPLAY_DECL ConditionalNode add_conditional_node(CaptureSession& session, cudaGraphConditionalNodeType type, unsigned size,
+                                                     cudaGraphConditionalHandle handle, std::uint64_t serial, const char* what,
+                                                     const tensorplay::source_location& where);
+
+//! Makes a handle for a node at the current point of `session`, assigned `default_value` at every
+//! launch of the graph that holds it (cudaGraphCondAssignDefault).
+TENSORPLAY_DECL cudaGraphConditionalHandle make_conditional_handle(CaptureSession& session, unsigned default_value,
+                                                                   const tensorplay::source_location& where);
+
+//! Whether `graph` holds a conditional node at its top level (such a graph cannot be a child graph).
+TENSORPLAY_DECL bool has_conditional_nodes(cudaGraph_t graph, const tensorplay::source_location& where);
 
 //! Starts capturing a body of a node: a capture of its own on the stream of the next depth.
 TENSORPLAY_DECL void open_body(CaptureSession& session, cudaGraph_t slot, cudaGraphConditionalHandle handle,
@@ -289,6 +304,79 @@ TENSORPLAY_DECL bool follows_one_kernel(cudaStream_t stream, int device) noexcep
     return false;
   }
   return type == cudaGraphNodeTypeKernel;
+}
+
+TENSORPLAY_DECL bool has_conditional_nodes(cudaGraph_t graph, const tensorplay::source_location& where) {
+  std::size_t count = 0;
+  TENSORPLAY_CHECK(cudaGraphGetNodes(graph, nullptr, &count), where);
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (count > 0) TENSORPLAY_CHECK(cudaGraphGetNodes(graph, nodes.data(), &count), where);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+    TENSORPLAY_CHECK(cudaGraphNodeGetType(node, &type), where);
+    if (type == cudaGraphNodeTypeConditional) return true;
+  }
+  return false;
+}
+
+TENSORPLAY_DECL cudaGraph_t conditional_holder(CaptureSession& session, CaptureInfo& info, const tensorplay::source_location& where) {
+  const cudaStream_t stream = session.current();
+  TENSORPLAY_CHECK(get_capture_info(stream, info), where);
+  if (info.status != cudaStreamCaptureStatusActive)
+    throw_capture_failure_on(cudaErrorStreamCaptureInvalidated, "cudaStreamGetCaptureInfo (the capture was invalidated earlier)",
+                             stream, where);
+  return session.depth() == 0 ? info.graph : session.bodies().back().slot;
+}
+
+TENSORPLAY_DECL ConditionalNode insert_conditional_node(CaptureSession& session, cudaGraphConditionalNodeType type, unsigned size,
+                                                        cudaGraphConditionalHandle handle, cudaGraph_t holder,
+                                                        const CaptureInfo& info, const tensorplay::source_location& where) {
+  const cudaStream_t parent = session.current();
+  cudaGraphNodeParams params{};
+  params.type = cudaGraphNodeTypeConditional;
+  params.conditional.handle = handle;
+  params.conditional.type = type;
+  params.conditional.size = size;
+  cudaGraphNode_t node = nullptr;
+  session.note_conditional();
+  note_conditional_node();  // RandomState: draws after the node start a new segment (random_epoch.hpp)
+  if (session.depth() == 0) {
+    TENSORPLAY_CHECK(add_node(&node, holder, info.dependencies, info.dependency_count, &params), where);
+    TENSORPLAY_CHECK(set_capture_dependencies(parent, &node, 1), where);
+  } else {
+    // The real node has no edges yet; an empty node marks its place in the body's capture.
+    TENSORPLAY_CHECK(add_node(&node, holder, nullptr, 0, &params), where);
+    cudaGraphNode_t mark = nullptr;
+    TENSORPLAY_CHECK(cudaGraphAddEmptyNode(&mark, info.graph, info.dependencies, info.dependency_count), where);
+    TENSORPLAY_CHECK(set_capture_dependencies(parent, &mark, 1), where);
+    session.bodies().back().nested.emplace_back(mark, node);
+  }
+  session.record_bodies(node, params.conditional.phGraph_out, size);
+  return ConditionalNode{params.conditional.phGraph_out, handle};
+}
+
+TENSORPLAY_DECL ConditionalNode add_conditional_node(CaptureSession& session, cudaGraphConditionalNodeType type, unsigned size,
+                                                     cudaGraphConditionalHandle handle, std::uint64_t serial, const char* what,
+                                                     const tensorplay::source_location& where) {
+  return add_conditional_node_with(
+      session, type, size,
+      [&](cudaGraph_t holder, cudaStream_t) {
+        session.claim_handle(handle, serial, holder, what);
+        return handle;
+      },
+      where);
+}
+
+TENSORPLAY_DECL cudaGraphConditionalHandle make_conditional_handle(CaptureSession& session, unsigned default_value,
+                                                                   const tensorplay::source_location& where) {
+  return session.abandon_on_throw([&] {
+    CaptureInfo info;
+    const cudaGraph_t holder = conditional_holder(session, info, where);
+    cudaGraphConditionalHandle handle = 0;
+    TENSORPLAY_CHECK(cudaGraphConditionalHandleCreate(&handle, holder, default_value, cudaGraphCondAssignDefault), where);
+    session.issue_handle(handle, holder);
+    return handle;
+  });
 }
 
 TENSORPLAY_DECL void open_body(CaptureSession& session, cudaGraph_t slot, cudaGraphConditionalHandle handle,

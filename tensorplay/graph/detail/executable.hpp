@@ -15,7 +15,9 @@
 #include <tensorplay/error.hpp>
 #include <tensorplay/graph/detail/staging_nodes.hpp>
 #include <tensorplay/graph/options.hpp>
+#include <tensorplay/graph/detail/rebind.hpp>
 #include <tensorplay/graph/detail/staging.hpp>
+#include <tensorplay/graph/rebind.hpp>
 #include <tensorplay/version.hpp>
 
 #include <cuda_runtime_api.h>
@@ -119,11 +121,34 @@ class Executable {
   //! Drops the executable, the graphs and the staging nodes (their ring waits for its launches).
   void reset() noexcept;
 
+  // ---- rebind (graph/detail/rebind.hpp) -------------------------------------------------------
+
+  //! Graph::rebind: every node of the executable that uses [from, from + bytes) uses the same
+  //! offset of `to` from the next launch on; stage_and_launch stages into `to` for `from` after it.
+  //! The executable is compiled (checked by the caller).
+  //! \throws usage_error, changing nothing, when a node cannot change (graph/detail/rebind.hpp).
+  RebindResult rebind(const RebindRequest& request, const tensorplay::source_location& where);
+  //! rebind in two steps, for several executables all or nothing (rebind_graphs.hpp): prepare
+  //! builds the index if needed, finds the nodes and checks them, changing nothing (it may compile
+  //! the executable again, with the same parameters); commit applies what prepare found (undone
+  //! itself when it throws); undo_rebind reverts the last commit.
+  std::size_t prepare_rebind(const RebindRequest& request, const tensorplay::source_location& where);
+  RebindResult commit_rebind(const tensorplay::source_location& where);
+  void undo_rebind(const tensorplay::source_location& where);
+  //! Where rebinds moved stage_and_launch's static buffers; null when nowhere.
+  [[nodiscard]] const RebindMap* rebind_map() const noexcept { return remapped_ ? &rebind_->map : nullptr; }
+  //! graph(), its nodes given the parameters rebinds gave the executable (for a copy of it).
+  [[nodiscard]] cudaGraph_t current_graph(const tensorplay::source_location& where);
+
   //! Copies every input onto its static buffer, then launches (Graph::stage_and_launch).
   //! The executable is compiled and `stream` is not capturing (checked by the caller).
   template <class... S, class... I>
   void stage_and_launch(std::tuple<S&...> static_inputs, std::tuple<I&...> inputs, cudaStream_t stream,
                         const tensorplay::source_location& where) {
+    if constexpr (!(is_rebind_view_v<std::remove_cvref_t<S>> && ...)) {
+      if (remapped_) [[unlikely]]  // rebind moved some memory: stage where the graph reads now
+        return stage_rebound(static_inputs, inputs, stream, where);
+    }
     constexpr std::size_t N = sizeof...(S);
     if constexpr ((DevicePair<std::remove_cvref_t<S>, std::remove_cvref_t<I>> && ...) &&
                   N <= static_cast<std::size_t>(config::copy_table_max)) {
@@ -188,6 +213,26 @@ class Executable {
   // nodes one executable, so the nodes live in the graph itself).
   Staging& prepare_staging(cudaStream_t stream, const tensorplay::source_location& where);
 
+  // stage_and_launch onto the static buffers where rebind moved them (RebindView).
+  template <class... S, class... I>
+  void stage_rebound(std::tuple<S&...> static_inputs, std::tuple<I&...> inputs, cudaStream_t stream,
+                     const tensorplay::source_location& where) {
+    const RebindMap& map = rebind_->map;
+    auto views = [&]<std::size_t... k>(std::index_sequence<k...>) {
+      return std::make_tuple(rebound_view(std::get<k>(static_inputs), map, k)...);
+    }(std::index_sequence_for<S...>{});
+    std::apply([&](auto&... view) { stage_and_launch(std::tie(view...), inputs, stream, where); }, views);
+  }
+
+  // Builds the rebind index (compiling graph() first when it does not pair with source_).
+  void build_rebind_index(const tensorplay::source_location& where);
+  // After a commit whose nodes change only through the graph: updates exec_ from the synced
+  // graph; when CUDA refuses, reverts the commit and throws usage_error.
+  void update_from_graph(const tensorplay::source_location& where);
+  // Before exec_ is compiled anew from graph(): the graph gets the rebound parameters, the index
+  // (whose nodes are about to change) is dropped; the map stays right.
+  void rebind_before_compile(const tensorplay::source_location& where);
+
   template <std::size_t N, class StaticTuple, class InputTuple>
   void issue_unbatched(const std::array<StagePlan, N>& plans, const StaticTuple& statics, const InputTuple& inputs,
                        cudaStream_t stream, const tensorplay::source_location& where) {
@@ -196,9 +241,11 @@ class Executable {
     }(std::make_index_sequence<N>{});
   }
 
-  // Hot members first: a launch reads exec_ and staging_ only.
+  // Hot members first: a launch reads exec_ and staging_ only, stage_and_launch remapped_ too.
   ExecCore exec_;
   std::unique_ptr<Staging> staging_;
+  bool remapped_ = false;  // rebind_->map is not empty: static buffers are staged where they are now
+  std::unique_ptr<RebindState> rebind_;  // Graph::rebind's index and map (null until the first rebind)
   GraphHandle source_;  // the graph exec_ was compiled from: it names exec_'s nodes
   GraphHandle latest_;  // the graph an in-place update made exec_ run (null: source_'s)
   ConditionalBodies source_bodies_;  // the bodies of source_'s conditional nodes (exec_memory.hpp)
@@ -219,6 +266,8 @@ class Executable {
 #include <tensorplay/detail/device.hpp>
 #include <tensorplay/detail/staging_ring.hpp>
 #include <tensorplay/tensor.hpp>
+
+#include <exception>
 
 namespace tensorplay::detail {
 
@@ -306,6 +355,7 @@ TENSORPLAY_DECL void Executable::hold(GraphHandle graph, int device, bool keeps,
 }
 
 TENSORPLAY_DECL void Executable::compile(std::optional<cudaStream_t> upload, const tensorplay::source_location& where) {
+  rebind_before_compile(where);
   if (latest_) {  // an in-place update's graph (with its staging nodes) becomes the one compiled from
     source_ = std::move(latest_);
     source_bodies_ = std::move(latest_bodies_);
@@ -319,6 +369,9 @@ TENSORPLAY_DECL void Executable::compile(std::optional<cudaStream_t> upload, con
 
 TENSORPLAY_DECL UpdateResult Executable::update(GraphHandle graph, bool keeps, std::optional<cudaStream_t> upload, const tensorplay::source_location& where,
     ConditionalBodies bodies) {
+  // The new capture starts from the pointers its body uses: rebinds of the old one are dropped.
+  rebind_.reset();
+  remapped_ = false;
   StagingNodeHandles nodes;
   if (staging_) nodes = staging_->node.add_to(graph.get(), device_, where);
   UpdateResult result;
@@ -357,6 +410,8 @@ TENSORPLAY_DECL void Executable::launch(cudaStream_t stream, const tensorplay::s
 }
 
 TENSORPLAY_DECL void Executable::reset() noexcept {
+  rebind_.reset();
+  remapped_ = false;
   staging_.reset();
   exec_.reset();
   latest_.reset();
@@ -371,6 +426,7 @@ TENSORPLAY_DECL void Executable::reset() noexcept {
 
 TENSORPLAY_DECL auto Executable::prepare_staging(cudaStream_t stream, const tensorplay::source_location& where) -> Staging& {
   if (staging_) return *staging_;
+  rebind_before_compile(where);
   auto staging = std::make_unique<Staging>(Staging{StagingNodes(RingGraveyard::instance().take(device_, stream, where)), {}, {}});
   if (latest_) {
     source_ = std::move(latest_);
@@ -383,6 +439,97 @@ TENSORPLAY_DECL auto Executable::prepare_staging(cudaStream_t stream, const tens
   staging->node.compiled();
   staging_ = std::move(staging);
   return *staging_;
+}
+
+TENSORPLAY_DECL void Executable::rebind_before_compile(const tensorplay::source_location& where) {
+  if (!rebind_) return;
+  rebind_->index.sync_graph(where);
+  rebind_->index.clear();
+}
+
+TENSORPLAY_DECL cudaGraph_t Executable::current_graph(const tensorplay::source_location& where) {
+  if (rebind_) rebind_->index.sync_graph(where);
+  return graph();
+}
+
+TENSORPLAY_DECL void Executable::build_rebind_index(const tensorplay::source_location& where) {
+  RebindIndex& index = rebind_->index;
+  auto skip = [&] { return staging_ ? staging_->node.handles() : StagingNodeHandles{}; };
+  if (index.build(source_.get(), source_bodies_, graph(), bodies(), skip(), where)) return;
+  // An in-place update's graph that does not pair with the graph exec_ was compiled from, node
+  // by node: compile it (what exec_ runs does not change), then it names exec_'s nodes itself.
+  compile(std::nullopt, where);
+  if (!index.build(source_.get(), source_bodies_, source_.get(), source_bodies_, skip(), where))
+    check(cudaErrorInvalidValue, "rebind (a graph that does not pair with itself)", where);
+}
+
+TENSORPLAY_DECL std::size_t Executable::prepare_rebind(const RebindRequest& request, const tensorplay::source_location& where) {
+  if (!rebind_) rebind_ = std::make_unique<RebindState>();
+  if (request.bytes != 0 && !rebind_->index.built()) build_rebind_index(where);
+  return rebind_->index.prepare(request);  // an empty range: 0 (no word lies in it)
+}
+
+TENSORPLAY_DECL RebindResult Executable::commit_rebind(const tensorplay::source_location& where) {
+  RebindState& state = *rebind_;
+  const std::size_t nodes = state.index.prepared_nodes();
+  state.last_through_graph = false;
+  if (nodes == 0) return {0};  // no node uses `from`: the map stays as it is
+  state.map_before = state.map;
+  if (state.index.commit(exec_.get(), where)) {
+    update_from_graph(where);
+    state.last_through_graph = true;
+  }
+  state.map.moved(state.index.pending());
+  remapped_ = !state.map.empty();
+  return {nodes};
+}
+
+TENSORPLAY_DECL void Executable::undo_rebind(const tensorplay::source_location& where) {
+  RebindState& state = *rebind_;
+  if (state.index.prepared_nodes() == 0) return;
+  state.index.revert(exec_.get(), where);
+  if (state.last_through_graph) {
+    state.index.sync_graph(where);
+    UpdateResult ignored;
+    const bool updated = exec_.try_update(graph(), ignored, where);
+    if (staging_) staging_->node.updated_in_place(exec_.get(), where);
+    if (!updated) compile(std::nullopt, where);  // what it accepted before, it refuses now: compile the graph
+  }
+  state.map = state.map_before;
+  remapped_ = !state.map.empty();
+}
+
+TENSORPLAY_DECL RebindResult Executable::rebind(const RebindRequest& request, const tensorplay::source_location& where) {
+  if (prepare_rebind(request, where) == 0) return {0};
+  return commit_rebind(where);
+}
+
+TENSORPLAY_DECL void Executable::update_from_graph(const tensorplay::source_location& where) {
+  RebindIndex& index = rebind_->index;
+  UpdateResult result;
+  bool updated = false;
+  std::exception_ptr failure;  // a failure that is no refusal: rethrown once the commit is undone
+  try {
+    index.sync_graph(where);
+    updated = exec_.try_update(graph(), result, where);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  // cudaGraphExecUpdate gave the staging nodes the graph's parameters: no plan.
+  if (staging_) staging_->node.updated_in_place(exec_.get(), where);
+  if (updated) return;
+  // Refused: the executable may be partly patched. Back to the old parameters everywhere, then
+  // the executable from the graph again (compiled anew if CUDA refuses that too).
+  index.revert(exec_.get(), where);
+  index.sync_graph(where);
+  UpdateResult again;
+  const bool restored = exec_.try_update(graph(), again, where);
+  if (staging_) staging_->node.updated_in_place(exec_.get(), where);
+  if (!restored) compile(std::nullopt, where);
+  if (failure) std::rethrow_exception(failure);
+  throw_usage(std::string("rebind: CUDA refused to point a node of a conditional body or child graph at `to`, node by node and "
+                          "by cudaGraphExecUpdate (") +
+              std::string(tensorplay::to_string(result.reason)) + "); nothing was changed");
 }
 
 }  // namespace tensorplay::detail

@@ -114,6 +114,8 @@ class StagingNodes {
 
   [[nodiscard]] bool exists() const noexcept { return nodes_.copy != nullptr; }
   [[nodiscard]] bool enabled() const noexcept { return enabled_; }
+  //! The nodes in the graph the executable was compiled from (Graph::rebind leaves them out).
+  [[nodiscard]] StagingNodeHandles handles() const noexcept { return nodes_; }
 
   //! Adds the staging nodes to `graph`, in front of every root, and returns them. Call before
   //! compiling `graph`; then adopt() the nodes that the executable will use. The nodes have no
