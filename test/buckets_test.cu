@@ -16,6 +16,9 @@
 #include <random>
 #include <span>
 #include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace tp = tensorplay;
@@ -466,6 +469,185 @@ TP_GPU_TEST(ladder_of_32_buckets_reserves_at_most_a_tenth_more_than_its_largest_
     for (std::size_t i = 0; i < bucket * width; i += 97) BOOST_REQUIRE(got[i] == input[i] + 8.0f);
   }
   BOOST_TEST(all.pool().reserved_bytes() == whole);  // replays allocate nothing
+}
+
+// ---- conditional nodes: bodies that take the bucket's Graph ---------------------------------
+
+namespace {
+
+// One iteration of a bucket's do-while: counts its counter down, counts itself, and stops the
+// loop (sets the handle to 0) once the counter reaches 0.
+__global__ void count_down(int* counter, int* iterations, tp::ConditionalHandle loop) {
+  *counter -= 1;
+  *iterations += 1;
+  if (*counter <= 0) loop.set(0u);
+}
+
+//! Sets every counter to `start` (at least 1) and every iteration count to 0, runs batch n, and
+//! checks that the loop of `bucket` alone ran, `start` times, down to 0 (a cell per size).
+template <class Buckets>
+void run_countdown(Buckets& loops, tp::StreamRef stream, tp::DeviceTensor<int>& counter, tp::DeviceTensor<int>& iterations,
+                   std::size_t n, std::size_t bucket, int start) {
+  const std::vector<int> starts(counter.size(), start);
+  const std::vector<int> zeros(iterations.size(), 0);
+  counter.copy_from_host(starts, stream);
+  iterations.copy_from_host(zeros, stream);
+  BOOST_TEST(loops.run(n, stream) == bucket);
+  std::vector<int> want_counter = starts;
+  std::vector<int> want_iterations = zeros;
+  want_counter[bucket] = 0;
+  want_iterations[bucket] = start;
+  BOOST_TEST(counter.to_host(stream) == want_counter, boost::test_tools::per_element());
+  BOOST_TEST(iterations.to_host(stream) == want_iterations, boost::test_tools::per_element());
+}
+
+//! A do-while on a handle per bucket (the example of docs/buckets.md), run lazily for two
+//! bucket sizes and a replay with other data, then on a second ladder after capture_all.
+void check_countdown_ladder(bool shared) {
+  tp::Stream stream;
+  tp::DeviceTensor<int> counter(9, stream), iterations(9, stream);  // a cell per size, up to 8
+  std::vector<std::size_t> captured;                                // the sizes the body captured
+  auto body = [&](tp::Graph& graph, tp::StreamRef, std::size_t size) {
+    captured.push_back(size);
+    auto h = graph.conditional_handle(1);  // 1 at every launch: a do-while
+    graph.while_(h, [&, size, h](tp::StreamRef b) {
+      count_down<<<1, 1, 0, b>>>(counter.data() + size, iterations.data() + size, h);  // h.set(0u) at 0
+      BOOST_REQUIRE_EQUAL(cudaGetLastError(), cudaSuccess);
+    });
+  };
+  tp::GraphBuckets loops(small_ladder, body, {.share_executables = shared});
+  run_countdown(loops, stream, counter, iterations, 3, 4, 3);  // captures bucket 4
+  run_countdown(loops, stream, counter, iterations, 2, 2, 5);  // captures bucket 2
+  run_countdown(loops, stream, counter, iterations, 4, 4, 2);  // replays bucket 4: the loop reads new data
+  run_countdown(loops, stream, counter, iterations, 2, 2, 1);
+  BOOST_TEST(captured == (Ladder{4, 2}));
+  BOOST_TEST(tp_test::not_capturing(stream));
+
+  captured.clear();
+  tp::GraphBuckets all(small_ladder, body, {.share_executables = shared});
+  all.capture_all(stream);
+  BOOST_TEST(captured == (Ladder{8, 4, 2, 1}));
+  for (std::size_t n : {8u, 1u, 3u, 5u, 2u, 8u}) run_countdown(all, stream, counter, iterations, n, all.bucket_for(n), static_cast<int>(n) + 1);
+  BOOST_TEST(captured.size() == 4u);  // the runs replayed
+  if (shared) {
+    BOOST_TEST(all.executables() >= 1u);  // CUDA decides which of the loops share one
+    BOOST_TEST(all.executables() <= small_ladder.size());
+  } else {
+    BOOST_TEST(all.executables() == small_ladder.size());
+  }
+}
+
+}  // namespace
+
+TP_GPU_TEST(bucket_body_that_takes_the_graph_runs_a_do_while_on_a_handle_per_bucket) { check_countdown_ladder(false); }
+
+TP_GPU_TEST(bucket_body_that_takes_the_graph_runs_a_do_while_on_a_handle_with_shared_executables) {
+  check_countdown_ladder(true);
+}
+
+TP_GPU_TEST(estimate_gives_a_body_that_takes_the_graph_each_throwaway_graph) {
+  for (bool shared : {false, true}) {
+    BOOST_TEST_CONTEXT("shared " << shared) {
+      tp::Stream stream;
+      tp::DeviceTensor<int> counter(9, stream), iterations(9, stream);
+      std::vector<std::size_t> captured;
+      auto body = [&](tp::Graph& graph, tp::StreamRef s, std::size_t size) {
+        captured.push_back(size);
+        BOOST_TEST(graph.is_capturing());
+        BOOST_TEST((s == graph.capture_stream()));
+        auto h = graph.conditional_handle(1);
+        graph.while_(h, [&, size, h](tp::StreamRef b) {
+          count_down<<<1, 1, 0, b>>>(counter.data() + size, iterations.data() + size, h);
+          BOOST_REQUIRE_EQUAL(cudaGetLastError(), cudaSuccess);
+        });
+      };
+      tp::GraphBuckets loops(small_ladder, body, {.share_executables = shared});
+      const std::vector<int> zeros(iterations.size(), 0);
+      iterations.copy_from_host(zeros, stream);
+      const tp::MemoryEstimate estimate = loops.estimate(stream);
+      BOOST_TEST_MESSAGE("estimate: pool " << estimate.pool_bytes << " bytes, executables " << estimate.executable_bytes << " bytes");
+      BOOST_TEST(estimate.total_bytes() > 0u);
+      BOOST_TEST(captured == (Ladder{8, 4, 2, 1}));  // every bucket, largest first
+      BOOST_TEST(tp_test::not_capturing(stream));
+      for (std::size_t size : small_ladder) BOOST_TEST(!loops.is_captured(size));
+      BOOST_TEST(loops.executables() == 0u);
+      // Nothing ran during the estimate, and the buckets capture and run as usual afterwards.
+      BOOST_TEST(iterations.to_host(stream) == zeros, boost::test_tools::per_element());
+      run_countdown(loops, stream, counter, iterations, 3, 4, 4);
+      run_countdown(loops, stream, counter, iterations, 8, 8, 2);
+      BOOST_TEST(captured.size() == 6u);
+    }
+  }
+}
+
+TP_GPU_TEST(run_above_the_ladder_with_a_body_that_takes_the_graph_throws_usage_error) {
+  tp::Stream stream;
+  tp::DeviceTensor<int> counter(9, stream), iterations(9, stream);
+  std::vector<std::size_t> captured;
+  auto body = [&](tp::Graph& graph, tp::StreamRef, std::size_t size) {
+    captured.push_back(size);
+    auto h = graph.conditional_handle(1);
+    graph.while_(h, [&, size, h](tp::StreamRef b) {
+      count_down<<<1, 1, 0, b>>>(counter.data() + size, iterations.data() + size, h);
+      BOOST_REQUIRE_EQUAL(cudaGetLastError(), cudaSuccess);
+    });
+  };
+  tp::GraphBuckets loops(small_ladder, body);  // Overflow::Eager, the default
+  try {
+    loops.run(9, stream);
+    BOOST_FAIL("run(9) above the ladder must throw usage_error");
+  } catch (const tp::usage_error& e) {
+    const std::string what = e.what();
+    BOOST_TEST_MESSAGE(what);
+    BOOST_TEST(what.find("cannot run eagerly") != std::string::npos);
+    BOOST_TEST(what.find("Overflow::Throw") != std::string::npos);
+  }
+  BOOST_TEST(tp_test::not_capturing(stream));
+  BOOST_TEST(captured.empty());
+  BOOST_TEST(loops.executables() == 0u);
+
+  // A staged run above the ladder is refused before it copies anything.
+  tp::DeviceTensor<int> statics(16, stream), input(9, stream);
+  tp_test::fill(statics.data(), statics.size(), 7, stream);
+  tp_test::fill(input.data(), input.size(), 1, stream);
+  BOOST_CHECK_THROW(loops.run(9, std::tie(statics), std::tie(input), stream), tp::usage_error);
+  BOOST_TEST(statics.to_host(stream) == std::vector<int>(16, 7), boost::test_tools::per_element());
+  BOOST_TEST(tp_test::not_capturing(stream));
+
+  // The buckets still work.
+  run_countdown(loops, stream, counter, iterations, 3, 4, 2);
+  run_countdown(loops, stream, counter, iterations, 8, 8, 3);
+  BOOST_TEST(captured == (Ladder{4, 8}));
+
+  // Overflow::Throw refuses the batch with its own message, and the buckets work as well.
+  tp::GraphBuckets strict(small_ladder, body, {.overflow = tp::Overflow::Throw});
+  BOOST_CHECK_THROW(strict.run(9, stream), tp::usage_error);
+  BOOST_TEST(tp_test::not_capturing(stream));
+  run_countdown(strict, stream, counter, iterations, 1, 1, 4);
+}
+
+TP_GPU_TEST(bucket_body_that_takes_the_graph_takes_predicates_too) {
+  tp::Stream stream;
+  tp::DeviceTensor<bool> flag(1, stream);
+  tp::DeviceTensor<float> y(8, stream);
+  auto body = [&](tp::Graph& graph, tp::StreamRef s, std::size_t size) {
+    tp_test::fill(y.data(), size, static_cast<float>(size), s);
+    graph.if_(flag, [&, size](tp::StreamRef b) { tp_test::add(y.data(), size, 100.0f, b); });  // the predicate form
+  };
+  tp::GraphBuckets buckets(small_ladder, body);
+  const std::vector<std::pair<std::size_t, bool>> runs{{3, true}, {3, false}, {1, true}, {8, false}, {4, true}, {1, false}};
+  for (const auto& [n, on] : runs) {
+    BOOST_TEST_CONTEXT("batch " << n << ", flag " << on) {
+      tp_test::fill(y.data(), y.size(), -1.0f, stream);
+      tp_test::fill(flag.data(), 1, on, stream);
+      const std::size_t bucket = buckets.run(n, stream);
+      BOOST_TEST(bucket == buckets.bucket_for(n));
+      std::vector<float> want(y.size(), -1.0f);
+      std::fill(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(bucket), static_cast<float>(bucket) + (on ? 100.0f : 0.0f));
+      BOOST_TEST(y.to_host(stream) == want, boost::test_tools::per_element());
+    }
+  }
+  BOOST_TEST(buckets.executables() == 3u);  // 4, 1 and 8
 }
 
 BOOST_AUTO_TEST_SUITE_END()

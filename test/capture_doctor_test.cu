@@ -69,20 +69,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 //! "<this file>:<line>", as a message names a line of this file.
 std::string here(int line) { return std::string(__FILE__) + ":" + std::to_string(line); }
 
-//! Runs `work`, which must throw capture_error; returns it.
-template <class F>
-tp::capture_error expect_capture_error(F&& work) {
-  try {
-    work();
-  } catch (const tp::capture_error& e) {
-    BOOST_TEST_MESSAGE("capture_error: " << e.what());
-    return e;
-  } catch (const std::exception& e) {
-    BOOST_FAIL("expected capture_error, got: " << e.what());
-  }
-  BOOST_FAIL("expected capture_error, nothing was thrown");
-  throw 0;  // not reached
-}
+using tp_test::expect_capture_error;
 
 //! Captures on `stream` a body that calls cudaMalloc on another thread, which must break the
 //! capture; frees what that cudaMalloc got and returns the capture_error.

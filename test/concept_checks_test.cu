@@ -36,4 +36,8 @@ BOOST_AUTO_TEST_CASE(host_vector_is_not_a_tensor) {
   expect_failure_saying("host_vector_as_tensor_concept", "tensorplay::Tensor<std::vector<float>>");
 }
 
+BOOST_AUTO_TEST_CASE(rebind_to_another_element_type_does_not_compile) {
+  expect_failure_saying("rebind_other_element_type", "rebind: the new buffer (to) must have the element type of the old one (from)");
+}
+
 BOOST_AUTO_TEST_SUITE_END()

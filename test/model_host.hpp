@@ -19,6 +19,15 @@
 // whose lifetime the model follows through bundles: each Graph has one bundle (until reset), the
 // graph keeps it, and so does every outer graph it was replayed into.
 //
+// Rebinds (Graph::rebind, PiecewiseGraph::rebind, GraphBuckets::rebind) rewrite the program a
+// graph runs: its statements name buffers by uid (the slots only say where they were at capture),
+// and a rebind replaces uid `from` by uid `to` in every kernel statement, nested copies included,
+// until an update, a reset or a new capture starts from the body's buffers again. A nested copy
+// taken afterwards copies the rewritten program; later rebinds of the inner graph leave it alone.
+// stage_and_launch copies onto a static buffer where the graph's rebinds moved it (GraphM::moved).
+// A buffer dies whatever graph was rebound to it: the graph then uses a dead buffer and, like any
+// other such graph, is not replayed (see the section "rebind" of the Model for the other rules).
+//
 // The ordering rule (what keeps the model exact): work on different streams is unordered, so
 // before an operation issues work on stream S that touches a resource (a buffer, a flag, a
 // counter, a graph's pool), every *other* stream with unfinished work touching that resource is
@@ -149,6 +158,7 @@ struct Stmt {
   int inner_pool = -1;             // Nested: the inner graph's pool and capture sequence (its temporaries)
   long inner_seq = 0;
   int bundle = 0;                  // Nested: the inner graph's bundle (what the outer graph keeps alive)
+  bool rebound = false;            // Nested: the inner graph had been rebound (its copy runs as rebound)
   std::vector<std::vector<Stmt>> bodies;
 };
 using Block = std::vector<Stmt>;
@@ -170,9 +180,17 @@ enum class OpKind : std::uint8_t {
   PieceAppend,    // slot a: sub 0 capture(cap) (a segment), 1 eager(step cap.program) (b 1: step())
   PieceReplay,    // slot a: replay(stream)
   PieceDestroy,   // slot a
+  Rebind,         // graph a: rebind(buffer b, buffer x); sub 0 as drawn, 1 a `to` smaller than `from`, 2 overlapping
+                  // spans of b; n: the nodes RebindResult must count, when y is 1
+  PieceRebind,    // PiecewiseGraph a: rebind(buffer b, buffer x), as Rebind
+  BucketRebind,   // GraphBuckets a: rebind(b, x), as Rebind; b and x name a buffer slot, or the
+                  // buckets' own x (bucket_x) or y (bucket_y)
   Quiesce,
 };
-inline constexpr int op_kind_count = 35;
+inline constexpr int op_kind_count = 38;
+//! BucketRebind's names of a GraphBuckets slot's own buffers (buffer slots are 0 .. buffer_slots - 1).
+inline constexpr int bucket_x = buffer_slots;
+inline constexpr int bucket_y = buffer_slots + 1;
 
 enum class Outcome : std::uint8_t { Ok, Usage, Cuda, User };
 
@@ -278,9 +296,15 @@ struct GraphM {
   int instance = 0;  // its captured graphs and executables (they keep bundles of nested graphs)
   int stage_state = 0;  // 1 staged, 2 then replayed, 3 then updated in place: the next staged call must copy
   bool conditional = false;
-  Block program;
+  Block program;             // as it runs now: rebinds rewrite its buffers (Fill, Affine, Temp, Alloc, nested copies)
   std::vector<int> buffers;  // uids of the buffers the program uses (all must be alive to replay)
   std::set<u64> touches;     // resources the program reads or writes
+  // Rebinds since the program was captured (a capture, an update and reset() drop them):
+  int rebinds = 0;            // rebinds that moved nodes
+  std::map<int, int> moved;   // stage_and_launch's map: a buffer named as captured (or as a rebind named
+                              // it) -> the buffer its bytes are in now (RebindMap, by whole buffers)
+  bool map_unknown = false;   // a rebind whose nodes the model could not count (a buffer of the program
+                              // had died): the real map may differ; no stage_and_launch overlap checks
 };
 
 //! A GraphBuckets slot: its buffers (alive from BucketNew to BucketDestroy sub 1) and the object.
@@ -291,7 +315,11 @@ struct BucketM {
   BucketSpec spec;
   int pool = -1;
   std::vector<u32> x, y;
+  std::vector<bool> x_known, y_known;  // elements the model knows (a run that read a rebound buffer it did not know)
   std::vector<bool> captured;
+  // Where each captured bucket's graph reads x and writes y now (GraphBuckets::rebind): loc_x (1),
+  // loc_y (2), or the uid of a buffer of a slot. A capture starts from x and y.
+  std::vector<int> x_at, y_at;
   std::vector<u64> last_use;
   std::vector<long> seq;
   u64 clock = 0;
@@ -310,7 +338,8 @@ struct PiecewiseM {
   int opt_shared = -1;
   int instance = 0;
   std::size_t count = 0;  // segments(): segments and steps appended
-  std::vector<PieceM> pieces;
+  std::vector<PieceM> pieces;  // segments as they run now (PiecewiseGraph::rebind rewrites them)
+  int rebinds = 0;             // rebinds that moved nodes
 };
 
 //! Who keeps a bundle: its graph while that graph lives and has not been reset, and (maybe)
@@ -324,6 +353,8 @@ inline u64 res_buffer(int uid) { return (u64{1} << 40) | static_cast<u64>(uid); 
 inline u64 res_flag(int f) { return (u64{2} << 40) | static_cast<u64>(f); }
 inline u64 res_counter(int c) { return (u64{3} << 40) | static_cast<u64>(c); }
 inline u64 res_pool(int id) { return (u64{4} << 40) | static_cast<u64>(id); }
+inline constexpr int loc_x = 1;  // BucketM::x_at / y_at: the buckets' own x and y (buffer uids start at 100)
+inline constexpr int loc_y = 2;
 
 struct State {
   std::array<int, buffer_slots> buf{};  // buffer uid per slot, 0: empty
@@ -403,7 +434,8 @@ inline const char* name(OpKind k) {
                                       "ResetGraph", "Capture", "Round", "ReplayEmpty", "StageMisuse",
                                       "SimpleMisuse", "DebugDump", "PoolChecks", "DropPool", "Check", "Update",
                                       "Retain", "BucketNew", "BucketRun", "BucketDestroy", "PieceNew", "PieceAppend",
-                                      "PieceReplay", "PieceDestroy", "Quiesce"};
+                                      "PieceReplay", "PieceDestroy", "Rebind", "PieceRebind", "BucketRebind",
+                                      "Quiesce"};
   return names[static_cast<int>(k)];
 }
 inline const char* name(StmtKind k) {
@@ -517,6 +549,18 @@ inline std::string describe(const Op& op) {
     case OpKind::BucketNew:
       out += " k" + std::to_string(op.a) + " " + describe(op.bucket) + " on " + stream_name(op.stream);
       break;
+    case OpKind::Rebind:
+    case OpKind::PieceRebind:
+    case OpKind::BucketRebind: {
+      auto buffer = [](int slot) {
+        return slot == bucket_x ? std::string("x") : (slot == bucket_y ? std::string("y") : "b" + std::to_string(slot));
+      };
+      out += std::string(" ") + (op.kind == OpKind::Rebind ? "g" : (op.kind == OpKind::PieceRebind ? "p" : "k")) + std::to_string(op.a);
+      static const char* const forms[] = {"", " (to smaller)", " (overlapping)"};
+      out += " " + buffer(op.b) + "->" + (op.sub == 2 ? buffer(op.b) + "+1" : buffer(static_cast<int>(op.x))) + forms[op.sub];
+      out += op.y != 0 ? " nodes " + std::to_string(op.n) : std::string(" nodes ?");
+      break;
+    }
     case OpKind::Capture:
       out += std::string(" ") + name(op.variant) + " [" + describe(op.cap) + "]";
       if (op.variant == Variant::Interleaved || op.variant == Variant::PoolBusy || op.variant == Variant::StreamBusy ||
@@ -572,6 +616,13 @@ struct Stats {
   long bucket_captures = 0, bucket_evictions = 0, bucket_eager_runs = 0, bucket_zero_fills = 0, bucket_staged_runs = 0;
   long bucket_shared_runs = 0, bucket_throws = 0;
   long piece_replays = 0, piece_steps = 0;
+  // Rebinds: that moved nodes, that moved none, to a larger buffer, that moved nodes of a nested copy,
+  // whose nodes the model could not count; then replays, staged replays into a moved buffer, nested
+  // copies, updates and buffer deaths of rebound graphs; kernels that wrote part of a larger buffer.
+  long rebinds_moved = 0, rebinds_unused = 0, rebinds_to_larger = 0, rebinds_of_nested_nodes = 0, rebinds_uncounted = 0;
+  long replays_after_rebind = 0, staged_into_rebound = 0, nested_copies_of_rebound = 0, updates_after_rebind = 0;
+  long rebound_buffers_destroyed = 0, partial_writes = 0;
+  long piece_rebinds_moved = 0, piece_replays_after_rebind = 0, bucket_rebinds_moved = 0, bucket_runs_rebound = 0;
 };
 
 inline Op simple_op(OpKind kind, int a = -1) {
@@ -775,6 +826,7 @@ class Model {
       if (st.kind == StmtKind::Nested) {
         if (st.flag != 0) stats_.nested_refused += 1;
         else if (depth > 0) stats_.nested_in_bodies += 1;
+        if (st.flag == 0 && st.rebound) stats_.nested_copies_of_rebound += 1;
         continue;
       }
       for (const Block& body : st.bodies) count(body, depth + 1);
@@ -919,6 +971,8 @@ class Model {
   void destroy_buffer(Op& op, int slot) {
     const int uid = s_.buf[slot];
     if (uid == 0) return;
+    for (const GraphM& g : s_.graphs)  // a graph rebound to it (or rebound, and still using it) stops replaying
+      if (g.captured && g.rebinds > 0 && std::binary_search(g.buffers.begin(), g.buffers.end(), uid)) stats_.rebound_buffers_destroyed += 1;
     sync_users(op, res_buffer(uid), s_.buffers.at(uid).alloc_stream);
     s_.buffers.erase(uid);
     s_.buf[slot] = 0;
@@ -977,12 +1031,23 @@ class Model {
     }
     return it->second.value;
   }
+  //! A kernel over n elements writes buffer `uid`: all of it, or (rebound to a larger buffer) its
+  //! front only, which leaves a value that is no affine sequence: unknown. (Reading the front of a
+  //! larger buffer reads the same sequence.)
+  void write(int uid, std::size_t n, Value v) {
+    auto it = s_.buffers.find(uid);
+    if (it != s_.buffers.end() && it->second.n != n) {
+      stats_.partial_writes += 1;
+      v = Value{};
+    }
+    value(uid) = v;
+  }
   void run(const Stmt& st) {
     switch (st.kind) {
-      case StmtKind::Fill: value(st.dst) = sequence(st.a, st.b); break;
-      case StmtKind::Affine: value(st.dst) = affine(value(st.src), st.a, st.b); break;
-      case StmtKind::Temp: value(st.dst) = affine(affine(value(st.src), st.a, st.b), st.c, st.d); break;
-      case StmtKind::Alloc: value(st.dst) = st.src != 0 ? affine(value(st.src), st.a, st.b) : sequence(st.c, st.d); break;
+      case StmtKind::Fill: write(st.dst, st.n, sequence(st.a, st.b)); break;
+      case StmtKind::Affine: write(st.dst, st.n, affine(value(st.src), st.a, st.b)); break;
+      case StmtKind::Temp: write(st.dst, st.n, affine(affine(value(st.src), st.a, st.b), st.c, st.d)); break;
+      case StmtKind::Alloc: write(st.dst, st.n, st.src != 0 ? affine(value(st.src), st.a, st.b) : sequence(st.c, st.d)); break;
       case StmtKind::SetFlag: s_.flag[st.index] = st.a != 0; break;
       case StmtKind::SetCounter: s_.counter[st.index] = static_cast<int>(st.a); break;
       case StmtKind::If:
@@ -1065,6 +1130,9 @@ class Model {
           3,   // PieceAppend
           4,   // PieceReplay
           1,   // PieceDestroy
+          6,   // Rebind
+          2,   // PieceRebind
+          2,   // BucketRebind
           0,   // Quiesce (scheduled)
       }));
       if (k < 0) return simple_op(OpKind::Check);
@@ -1163,6 +1231,8 @@ class Model {
         op.b = rng_.pick(live);
         op.sub = rng_.below(4);  // 0 size mismatch (device), 1 size mismatch (host), 2 overlap, 3 same static twice
         op.stream = any_stream();
+        // The overlap is judged where rebinds moved the static buffer: it must still be there.
+        if (op.sub == 2 && (!stage_map_known(s_.graphs[op.a]) || s_.graphs[op.a].moved.count(s_.buf[op.b]))) return false;
         return true;
       }
       case OpKind::SimpleMisuse: {
@@ -1209,6 +1279,9 @@ class Model {
         op.stream = any_stream();
         return true;
       }
+      case OpKind::Rebind: return fill_rebind(op);
+      case OpKind::PieceRebind: return fill_piece_rebind(op);
+      case OpKind::BucketRebind: return fill_bucket_rebind(op);
       case OpKind::Quiesce: return false;
     }
     return false;
@@ -1492,6 +1565,7 @@ class Model {
           st.inner_pool = inner.pool;
           st.inner_seq = inner.seq;
           st.bundle = inner.bundle;
+          st.rebound = inner.rebinds > 0;  // the copy runs as the inner graph runs now, rebinds included
           for (int uid : inner.buffers) ctx.used.insert(uid);  // the outer graph needs them alive
         }
         return true;
@@ -1906,6 +1980,9 @@ class Model {
     g.touches = u.touches;
     g.conditional = u.conditional;
     g.stage_state = 0;
+    g.rebinds = 0;  // a new capture starts from the pointers its body uses
+    g.moved.clear();
+    g.map_unknown = false;
     return g;
   }
 
@@ -2019,6 +2096,10 @@ class Model {
     if (op.expect != Outcome::Ok) return;  // the graph still runs its old work
     op.update_outcome = allowed("update_outcome") ? predict_update(g.program, op.cap.program) : 0;
     if (g.stage_state > 0) stats_.updates_of_staged += 1;
+    stats_.updates_after_rebind += g.rebinds > 0;
+    g.rebinds = 0;  // the update starts from the pointers its body uses: earlier rebinds are dropped
+    g.moved.clear();
+    g.map_unknown = false;
     if (!had_pool && allocates(op.cap.program)) {
       stats_.update_adopted_pool += 1;
       forced_.push_front(simple_op(OpKind::Check));  // the pool checks see a pool that was not adopted at once
@@ -2046,7 +2127,7 @@ class Model {
     for (int i = 0; i < graph_slots; ++i) {
       if (!replayable(s_.graphs[i])) continue;
       by_pool[s_.graphs[i].pool].push_back(i);
-      if (s_.graphs[i].stage_state == 3) armed.push_back(i);
+      if (s_.graphs[i].stage_state == 3 && stage_map_known(s_.graphs[i])) armed.push_back(i);
     }
     if (by_pool.empty()) return false;
     const bool stage_ok = allowed("stage");
@@ -2065,7 +2146,7 @@ class Model {
       ReplayItem item;
       item.slot = sl;
       const GraphM& g = s_.graphs[sl];
-      const bool stage = stage_ok && (!g.conditional || allowed("stage_conditional"));
+      const bool stage = stage_ok && (!g.conditional || allowed("stage_conditional")) && stage_map_known(g);
       item.how = sl == focus ? 2 + rng_.below(2) : rng_.weighted({45, 15, stage ? 25 : 0, stage ? 15 : 0});
       if (item.how >= 2) fill_pairs(item, g, sl == focus);
       op.items.push_back(std::move(item));
@@ -2080,12 +2161,15 @@ class Model {
     written(g.program, writes);
     const int pairs = rng_.between(1, 2);
     std::vector<int> statics;
+    std::set<int> taken;  // the statics and where the graph's rebinds moved them (no input, no second static)
     for (int p = 0; p < pairs; ++p) {
       std::vector<int> candidates;
       for (int b = 0; b < buffer_slots; ++b) {
         if (s_.buf[b] == 0 || std::find(statics.begin(), statics.end(), b) != statics.end()) continue;
-        const bool read_by_graph = std::binary_search(g.buffers.begin(), g.buffers.end(), s_.buf[b]);
-        const bool written_by_graph = writes.count(s_.buf[b]) != 0;
+        const int now = where_now(g, s_.buf[b]);  // where a copy onto it goes (rebinds)
+        if (taken.count(s_.buf[b]) || taken.count(now)) continue;
+        const bool read_by_graph = std::binary_search(g.buffers.begin(), g.buffers.end(), now);
+        const bool written_by_graph = writes.count(now) != 0;
         if ((read_by_graph && !written_by_graph) || rng_.percent(written_by_graph ? 15 : 30)) candidates.push_back(b);
       }
       if (candidates.empty()) break;
@@ -2093,6 +2177,8 @@ class Model {
       pair.static_slot = rng_.pick(candidates);
       pair.static_uid = s_.buf[pair.static_slot];
       statics.push_back(pair.static_slot);
+      taken.insert(pair.static_uid);
+      taken.insert(where_now(g, pair.static_uid));
       pair.input = device_inputs ? rng_.below(2) : rng_.weighted({40, 35, 25});
       pair.base = rng_.word();
       pair.stride = small();
@@ -2102,7 +2188,7 @@ class Model {
       if (pair.input != 0) continue;
       std::vector<int> inputs;
       for (int b : buffer_slots_where(s_.buffers.at(pair.static_uid).n))
-        if (std::find(statics.begin(), statics.end(), b) == statics.end()) inputs.push_back(b);
+        if (std::find(statics.begin(), statics.end(), b) == statics.end() && !taken.count(s_.buf[b])) inputs.push_back(b);
       if (inputs.empty()) {
         pair.input = 1;
         continue;
@@ -2131,6 +2217,7 @@ class Model {
       replay_resources(g.program, g.pool, touched);
       for (const StagePair& p : item.pairs) {
         buffer_resources(p.static_uid, touched);
+        buffer_resources(where_now(g, p.static_uid), touched);
         if (p.input == 0) buffer_resources(p.input_uid, touched);
       }
     }
@@ -2138,10 +2225,17 @@ class Model {
     for (const ReplayItem& item : op.items) {
       GraphM& g = s_.graphs[item.slot];
       if (g.pool != pool || !replayable(g)) fail("round over graphs that cannot replay together");
-      // The copies come first (a node in front of the graph), all reading before any writes.
+      // The copies come first (a node in front of the graph), all reading before any writes, each
+      // onto its static buffer where the graph's rebinds moved it (all of it, or the front of a
+      // larger buffer).
       std::vector<std::pair<int, Value>> staged;
       for (const StagePair& p : item.pairs) staged.emplace_back(p.static_uid, p.input == 0 ? value(p.input_uid) : sequence(p.base, p.stride));
-      for (const auto& [uid, v] : staged) value(uid) = v;
+      for (const auto& [uid, v] : staged) {
+        const int now = where_now(g, uid);
+        stats_.staged_into_rebound += now != uid;
+        write(now, s_.buffers.count(uid) ? s_.buffers.at(uid).n : 0, v);
+      }
+      stats_.replays_after_rebind += g.rebinds > 0;
       const bool by_node = std::any_of(item.pairs.begin(), item.pairs.end(), [](const StagePair& p) { return p.input != 2; });
       if (by_node) {  // the copy node ran
         if (g.stage_state == 3) {
@@ -2155,6 +2249,346 @@ class Model {
       clobber(g.pool, g.seq);
       if (g.conditional) (item.pairs.empty() ? stats_.conditional_replays : stats_.staged_conditional_replays) += 1;
       run(g.program);
+    }
+  }
+
+  // ---- rebind ----
+  //
+  // A rebind rewrites the program a graph runs: every Fill, Affine, Temp or Alloc kernel that uses
+  // `from` uses `to` from then on (nested copies included; SideAlloc is eager work, no node). The
+  // model names buffers by uid, the library finds nodes by address; the generator keeps the two
+  // the same: `from` and `to` are live buffers that lie in no memory where the graph's temporaries
+  // may be (clear_of), `from` is used by no node that CUDA may refuse to change (rebind_uncertain),
+  // and the node count is checked only while every buffer of the program lives (a dead buffer's
+  // memory may now be `from`'s). rebind does not keep `to` alive: a graph rebound to a buffer that
+  // dies uses a dead buffer, so replayable() keeps it from replaying, as for any other.
+
+  //! Whether statement `st` is a kernel (or, Temp, two) whose parameters point into buffer `uid`.
+  static std::size_t own_nodes(const Stmt& st, int uid) {
+    switch (st.kind) {
+      case StmtKind::Fill: return st.dst == uid ? 1 : 0;
+      case StmtKind::Affine:
+      case StmtKind::Alloc: return st.dst == uid || (st.src != 0 && st.src == uid) ? 1 : 0;
+      case StmtKind::Temp: return (st.src == uid ? 1 : 0) + (st.dst == uid ? 1 : 0);
+      default: return 0;
+    }
+  }
+  //! Nodes of `block` whose parameters point into buffer `uid` (what a rebind of it changes):
+  //! conditional bodies and nested copies included; with `nested_only`, those of nested copies.
+  static std::size_t kernel_nodes(const Block& block, int uid, bool nested_only = false, bool in_nested = false) {
+    std::size_t nodes = 0;
+    for (const Stmt& st : block) {
+      if (st.kind == StmtKind::Nested) {
+        if (st.flag == 0) nodes += kernel_nodes(st.bodies[0], uid, nested_only, true);
+        continue;
+      }
+      if (!nested_only || in_nested) nodes += own_nodes(st, uid);
+      for (const Block& body : st.bodies) nodes += kernel_nodes(body, uid, nested_only, in_nested);
+    }
+    return nodes;
+  }
+  //! The rebind itself: `from` becomes `to` (in slot `to_slot`, for the trace) wherever a node uses it.
+  static void substitute(Block& block, int from, int to, int to_slot) {
+    for (Stmt& st : block) {
+      if (st.kind == StmtKind::Fill || st.kind == StmtKind::Affine || st.kind == StmtKind::Temp || st.kind == StmtKind::Alloc) {
+        if (st.dst == from) {
+          st.dst = to;
+          st.dst_slot = to_slot;
+        }
+        if (st.src == from) {
+          st.src = to;
+          st.src_slot = to_slot;
+        }
+      }
+      for (Block& body : st.bodies) substitute(body, from, to, to_slot);
+    }
+  }
+  //! Whether a rebind of `uid` may go either way: a node that uses it in a conditional body, or in a
+  //! nested copy inside a graph that holds conditional nodes, may change only through
+  //! cudaGraphExecUpdate, which CUDA may refuse (rebind then throws usage_error and changes nothing).
+  static bool rebind_uncertain(const Block& block, int uid, bool in_body, bool conditional_graph) {
+    for (const Stmt& st : block) {
+      if (st.kind == StmtKind::Nested) {
+        if (st.flag == 0 && (in_body || conditional_graph) && kernel_nodes(st.bodies[0], uid) > 0) return true;
+        continue;
+      }
+      if (in_body && own_nodes(st, uid) > 0) return true;
+      for (const Block& body : st.bodies)
+        if (rebind_uncertain(body, uid, true, conditional_graph)) return true;
+    }
+    return false;
+  }
+  //! The pools whose temporaries a replay of `block` runs through its nested copies, each with the
+  //! earliest capture that put temporaries there.
+  static void temp_pools(const Block& block, std::map<int, long>& out) {
+    for (const Stmt& st : block) {
+      if (st.kind == StmtKind::Nested) {
+        if (st.flag == 0) {
+          const auto [at, added] = out.emplace(st.inner_pool, st.inner_seq);
+          if (!added) at->second = std::min(at->second, st.inner_seq);
+          temp_pools(st.bodies[0], out);
+        }
+        continue;
+      }
+      for (const Block& body : st.bodies) temp_pools(body, out);
+    }
+  }
+  static void add_pool(std::map<int, long>& pools, int pool, long seq) {
+    const auto [at, added] = pools.emplace(pool, seq);
+    if (!added) at->second = std::min(at->second, seq);
+  }
+  //! Whether buffer `uid` may be named in a rebind of programs whose temporaries lie in `pools`:
+  //! memory of such a pool allocated by that capture or since may be where those temporaries are
+  //! (a capture frees its temporaries before it ends), and a rebind would move their nodes too.
+  //! Memory allocated before, and alive since, was alive throughout that capture.
+  bool clear_of(int uid, const std::map<int, long>& pools) const {
+    const BufferM& b = s_.buffers.at(uid);
+    if (b.pool < 0) return true;  // the default pool: no capture's temporaries
+    const auto it = pools.find(b.pool);
+    return it == pools.end() || b.seq < it->second;
+  }
+  std::map<int, long> graph_temp_pools(const GraphM& g) const {
+    std::map<int, long> pools{{g.pool, g.seq}};
+    temp_pools(g.program, pools);
+    return pools;
+  }
+  //! RebindMap::moved, by whole buffers (rebinds name whole live buffers, and `to` is never smaller):
+  //! names whose bytes are in `from` now move on to `to`; `from` is named now unless it is a name
+  //! already (its own bytes stay where an earlier rebind put them); names back home drop out.
+  static void map_moved(std::map<int, int>& map, int from, int to) {
+    for (auto& [name, now] : map)
+      if (now == from) now = to;
+    map.emplace(from, to);
+    std::erase_if(map, [](const auto& entry) { return entry.first == entry.second; });
+  }
+  //! Where stage_and_launch copies a static buffer named `uid` now.
+  static int where_now(const GraphM& g, int uid) {
+    const auto it = g.moved.find(uid);
+    return it == g.moved.end() ? uid : it->second;
+  }
+  //! Whether the model knows where g's stage_and_launch copies: every buffer its map names (and
+  //! moves to) lives. A dead name's memory may hold a live buffer now, which the real map would
+  //! then move too.
+  bool stage_map_known(const GraphM& g) const {
+    if (g.map_unknown) return false;
+    for (const auto& [name, now] : g.moved)
+      if (!s_.buffers.count(name) || !s_.buffers.count(now)) return false;
+    return true;
+  }
+  void refresh_usage(GraphM& g) {
+    const GraphM u = usage(g.program);
+    g.buffers = u.buffers;
+    g.touches = u.touches;
+  }
+
+  //! A rebind refused with usage_error (sub 1: `to` is cut shorter than `from`; 2: two overlapping
+  //! spans of `from`; 0: a graph that has no executable yet): any two buffers.
+  bool fill_rebind_refused(Op& op, const std::vector<int>& live) {
+    if (live.size() < 2) return false;
+    op.b = rng_.pick(live);
+    std::vector<int> others = live;
+    std::erase(others, op.b);
+    op.x = static_cast<u32>(op.sub == 2 ? op.b : rng_.pick(others));
+    return true;
+  }
+  //! `from` (op.b) and `to` (op.x) for a rebind that goes through: `from` mostly a buffer some node
+  //! uses (`nodes`), `to` another live buffer, mostly of the same size, else a larger one.
+  template <class Nodes, class FromOk>
+  bool pick_rebind_buffers(Op& op, const std::map<int, long>& pools, Nodes nodes, FromOk from_ok) {
+    std::vector<int> used, any;
+    for (int b : buffer_slots_where()) {
+      const int uid = s_.buf[b];
+      if (!clear_of(uid, pools) || !from_ok(uid)) continue;
+      any.push_back(b);
+      if (nodes(uid) > 0) used.push_back(b);
+    }
+    if (any.empty()) return false;
+    op.b = !used.empty() && rng_.percent(80) ? rng_.pick(used) : rng_.pick(any);
+    const std::size_t n = s_.buffers.at(s_.buf[op.b]).n;
+    std::vector<int> same, larger;
+    for (int b : buffer_slots_where()) {
+      if (b == op.b || !clear_of(s_.buf[b], pools)) continue;
+      const std::size_t m = s_.buffers.at(s_.buf[b]).n;
+      if (m == n) same.push_back(b);
+      if (m > n) larger.push_back(b);
+    }
+    if (same.empty() && larger.empty()) return false;
+    op.x = static_cast<u32>(!larger.empty() && (same.empty() || rng_.percent(15)) ? rng_.pick(larger) : rng_.pick(same));
+    return true;
+  }
+
+  bool fill_rebind(Op& op) {
+    const std::vector<int> graphs = graph_slots_where(-1);
+    const std::vector<int> captured_slots = graph_slots_where(1);
+    if (graphs.empty()) return false;
+    const std::vector<int> replayable_slots = slots_where(graph_slots, [&](int i) { return replayable(s_.graphs[i]); });
+    op.sub = rng_.weighted({86, 7, 7});
+    if (captured_slots.empty() || rng_.percent(5)) op.a = rng_.pick(graphs);  // maybe none captured: usage_error
+    else op.a = !replayable_slots.empty() && rng_.percent(80) ? rng_.pick(replayable_slots) : rng_.pick(captured_slots);
+    const GraphM& g = s_.graphs[op.a];
+    if (op.sub != 0 || !g.captured) return fill_rebind_refused(op, buffer_slots_where());
+    // A graph that cannot replay (a buffer of it died) may be rebound too: its nodes are not counted
+    // then, and it has no conditional nodes (whose bodies might use the dead buffer's memory).
+    if (!replayable(g) && g.conditional) return false;
+    return pick_rebind_buffers(op, graph_temp_pools(g), [&](int uid) { return kernel_nodes(g.program, uid); },
+                               [&](int uid) { return !rebind_uncertain(g.program, uid, false, g.conditional); });
+  }
+
+  void apply_rebind(Op& op) {
+    GraphM& g = s_.graphs[op.a];
+    if (op.sub != 0 || !g.captured) {
+      op.expect = Outcome::Usage;  // before any capture, or bad arguments: nothing changes
+      return;
+    }
+    const int from = s_.buf[op.b];
+    const int to = s_.buf[op.x];
+    if (s_.buffers.at(to).n < s_.buffers.at(from).n) {
+      op.expect = Outcome::Usage;
+      return;
+    }
+    const bool counted = replayable(g);
+    op.n = kernel_nodes(g.program, from);
+    op.y = counted && allowed("rebind_nodes") ? 1 : 0;
+    if (!counted) {
+      stats_.rebinds_uncounted += 1;
+      g.map_unknown = true;  // nodes the model does not see may have moved, and with them the map
+    }
+    if (op.n == 0) {
+      stats_.rebinds_unused += counted;
+      return;  // nothing changed: the map stays as it is
+    }
+    stats_.rebinds_moved += 1;
+    stats_.rebinds_to_larger += s_.buffers.at(to).n > s_.buffers.at(from).n;
+    const bool nested = kernel_nodes(g.program, from, true) > 0;
+    stats_.rebinds_of_nested_nodes += nested;
+    // Nodes of a nested copy change through cudaGraphExecUpdate (like an in-place update): the
+    // next staged call must turn the staging nodes on again (see apply_update).
+    if (nested && g.stage_state >= 2) g.stage_state = 3;
+    substitute(g.program, from, to, static_cast<int>(op.x));
+    refresh_usage(g);
+    map_moved(g.moved, from, to);
+    g.rebinds += 1;
+  }
+
+  // PiecewiseGraph::rebind: every segment captured so far (steps are the test's code: they keep
+  // the pointers they took).
+  bool segments_alive(const PiecewiseM& p) {
+    for (const PieceM& piece : p.pieces)
+      if (!piece.step && !alive(usage(piece.program).buffers)) return false;
+    return true;
+  }
+  std::size_t segment_nodes(const PiecewiseM& p, int uid) const {
+    std::size_t nodes = 0;
+    for (const PieceM& piece : p.pieces)
+      if (!piece.step) nodes += kernel_nodes(piece.program, uid);
+    return nodes;
+  }
+
+  bool fill_piece_rebind(Op& op) {
+    const std::vector<int> live = slots_where(piece_slots, [&](int i) { return s_.pieces[i].exists; });
+    if (live.empty()) return false;
+    op.a = rng_.pick(live);
+    op.sub = rng_.weighted({86, 7, 7});
+    if (op.sub != 0) return fill_rebind_refused(op, buffer_slots_where());
+    const PiecewiseM& p = s_.pieces[op.a];
+    std::map<int, long> pools;
+    for (const PieceM& piece : p.pieces)
+      if (!piece.step) {
+        add_pool(pools, p.pool, piece.seq);
+        temp_pools(piece.program, pools);
+      }
+    return pick_rebind_buffers(op, pools, [&](int uid) { return segment_nodes(p, uid); }, [&](int uid) {
+      for (const PieceM& piece : p.pieces)
+        if (!piece.step && rebind_uncertain(piece.program, uid, false, false)) return false;
+      return true;
+    });
+  }
+
+  void apply_piece_rebind(Op& op) {
+    PiecewiseM& p = s_.pieces[op.a];
+    const int from = s_.buf[op.b];
+    const int to = s_.buf[op.x];
+    if (op.sub != 0 || s_.buffers.at(to).n < s_.buffers.at(from).n) {
+      op.expect = Outcome::Usage;  // checked before any segment changes (also with none captured)
+      return;
+    }
+    op.n = segment_nodes(p, from);
+    op.y = segments_alive(p) && allowed("rebind_nodes") ? 1 : 0;
+    if (op.n == 0) return;
+    stats_.piece_rebinds_moved += 1;
+    for (PieceM& piece : p.pieces)
+      if (!piece.step) substitute(piece.program, from, to, static_cast<int>(op.x));
+    p.rebinds += 1;
+  }
+
+  // GraphBuckets::rebind: every bucket captured now. Its bodies use the buckets' own x and y (and
+  // a temporary in the buckets' pool), so the buffers named are x, y and buffers of slots outside
+  // that pool; x and y are smaller than any slot buffer, so a graph of it moves from x or y to a
+  // slot buffer (or between x and y), never back.
+  int bucket_loc(const BucketM& b, int name) const {
+    (void)b;
+    return name == bucket_x ? loc_x : (name == bucket_y ? loc_y : s_.buf[name]);
+  }
+  std::size_t loc_size(const BucketM& b, int loc) const {
+    return loc == loc_x || loc == loc_y ? b.spec.capacity() : s_.buffers.at(loc).n;
+  }
+  bool loc_alive(int loc) const { return loc == loc_x || loc == loc_y || s_.buffers.count(loc) != 0; }
+  bool bucket_locs_alive(const BucketM& b, int i) const {
+    return loc_alive(b.x_at[static_cast<std::size_t>(i)]) && loc_alive(b.y_at[static_cast<std::size_t>(i)]);
+  }
+  static std::size_t bucket_nodes(const BucketM& b, int loc) {
+    std::size_t nodes = 0;
+    for (std::size_t i = 0; i < b.captured.size(); ++i)
+      if (b.captured[i]) nodes += (b.x_at[i] == loc ? 1 : 0) + (b.y_at[i] == loc ? 1 : 0);
+    return nodes;
+  }
+
+  bool fill_bucket_rebind(Op& op) {
+    const std::vector<int> live = slots_where(bucket_slots, [&](int i) { return s_.buckets[i].exists; });
+    if (live.empty()) return false;
+    op.a = rng_.pick(live);
+    const BucketM& b = s_.buckets[op.a];
+    op.sub = rng_.weighted({86, 7, 7});
+    if (op.sub != 0) return fill_rebind_refused(op, buffer_slots_where());
+    std::vector<int> names{bucket_x, bucket_y};
+    for (int slot : buffer_slots_where())
+      if (s_.buffers.at(s_.buf[slot]).pool != b.pool) names.push_back(slot);
+    std::vector<int> used;
+    for (int name : names)
+      if (bucket_nodes(b, bucket_loc(b, name)) > 0) used.push_back(name);
+    op.b = !used.empty() && rng_.percent(80) ? rng_.pick(used) : rng_.pick(names);
+    const std::size_t n = loc_size(b, bucket_loc(b, op.b));
+    std::vector<int> to;
+    for (int name : names)
+      if (name != op.b && loc_size(b, bucket_loc(b, name)) >= n) to.push_back(name);
+    if (to.empty()) return false;
+    op.x = static_cast<u32>(rng_.pick(to));
+    return true;
+  }
+
+  void apply_bucket_rebind(Op& op) {
+    BucketM& b = s_.buckets[op.a];
+    if (op.sub != 0 || b.spec.share) {
+      op.expect = Outcome::Usage;  // bad arguments, or share_executables: no bucket changes
+      return;
+    }
+    const int from = bucket_loc(b, op.b);
+    const int to = bucket_loc(b, static_cast<int>(op.x));
+    if (loc_size(b, to) < loc_size(b, from)) {
+      op.expect = Outcome::Usage;
+      return;
+    }
+    bool counted = allowed("rebind_nodes");
+    for (std::size_t i = 0; i < b.captured.size(); ++i)
+      if (b.captured[i] && !bucket_locs_alive(b, static_cast<int>(i))) counted = false;
+    op.n = bucket_nodes(b, from);
+    op.y = counted ? 1 : 0;
+    if (op.n == 0) return;
+    stats_.bucket_rebinds_moved += 1;
+    for (std::size_t i = 0; i < b.captured.size(); ++i) {
+      if (!b.captured[i]) continue;  // captured later, a bucket starts from x and y
+      if (b.x_at[i] == from) b.x_at[i] = to;
+      if (b.y_at[i] == from) b.y_at[i] = to;
     }
   }
 
@@ -2196,6 +2630,10 @@ class Model {
     op.x = rng_.word();
     op.y = small();
     op.z = static_cast<u32>(rng_.percent(8) && allowed("throw"));
+    // A bucket rebound to a buffer that died since must not run (rebind does not keep `to` alive).
+    const int i = op.n == 0 ? -1 : bucket_index(b, op.n);
+    const BucketM& m = s_.buckets[op.a];
+    if ((op.sub == 0 || op.sub == 1) && i >= 0 && m.captured[static_cast<std::size_t>(i)] && !bucket_locs_alive(m, i)) return false;
     return true;
   }
 
@@ -2210,6 +2648,8 @@ class Model {
   void bucket_touch(BucketM& b, int i) { b.last_use[static_cast<std::size_t>(i)] = ++b.clock; }
   void bucket_capture(BucketM& b, int i) {
     b.captured[static_cast<std::size_t>(i)] = true;
+    b.x_at[static_cast<std::size_t>(i)] = loc_x;  // a capture uses what the body uses: x and y
+    b.y_at[static_cast<std::size_t>(i)] = loc_y;
     b.seq[static_cast<std::size_t>(i)] = s_.next_seq++;
     stats_.bucket_captures += 1;
     bucket_touch(b, i);
@@ -2226,9 +2666,35 @@ class Model {
       stats_.bucket_evictions += 1;
     }
   }
-  //! The body over `rows` rows: y = a2 * (a1 * x + b1) + b2 on the first k * rows elements.
-  static void bucket_body(BucketM& b, std::size_t rows) {
-    for (std::size_t e = 0; e < b.spec.k * rows; ++e) b.y[e] = b.spec.a2 * (b.spec.a1 * b.x[e] + b.spec.b1) + b.spec.b2;
+  //! Element e of what bucket location `loc` holds (x, y, or a slot buffer): {known, value}.
+  std::pair<bool, u32> bucket_get(const BucketM& b, int loc, std::size_t e) {
+    if (loc == loc_x) return {b.x_known[e], b.x[e]};
+    if (loc == loc_y) return {b.y_known[e], b.y[e]};
+    const Value v = value(loc);
+    return {v.known, v.at(e)};
+  }
+  //! Element e of bucket location `loc` becomes v. A slot buffer (larger than x and y) is written
+  //! in part: the model does not follow its value then.
+  void bucket_set(BucketM& b, int loc, std::size_t e, bool known, u32 v) {
+    if (loc == loc_x || loc == loc_y) {
+      (loc == loc_x ? b.x : b.y)[e] = v;
+      (loc == loc_x ? b.x_known : b.y_known)[e] = known;
+    } else {
+      value(loc) = Value{};
+    }
+  }
+  //! The body over `rows` rows: y = a2 * (a1 * x + b1) + b2 on the first k * rows elements, where
+  //! bucket i reads x and writes y now (i < 0: a run above the ladder, the body as it is).
+  void bucket_body(BucketM& b, std::size_t rows, int i) {
+    const int xl = i < 0 ? loc_x : b.x_at[static_cast<std::size_t>(i)];
+    const int yl = i < 0 ? loc_y : b.y_at[static_cast<std::size_t>(i)];
+    const std::size_t n = b.spec.k * rows;
+    std::vector<std::pair<bool, u32>> t(n);  // the temporary: every element read before y is written
+    for (std::size_t e = 0; e < n; ++e) {
+      const auto [known, x] = bucket_get(b, xl, e);
+      t[e] = {known, b.spec.a1 * x + b.spec.b1};
+    }
+    for (std::size_t e = 0; e < n; ++e) bucket_set(b, yl, e, t[e].first, b.spec.a2 * t[e].second + b.spec.b2);
   }
 
   void destroy_bucket_buffers(Op& op, int slot) {
@@ -2254,6 +2720,10 @@ class Model {
     }
     const std::size_t buckets = b.spec.ladder.size();
     b.captured.assign(buckets, false);
+    b.x_known.assign(cap, true);
+    b.y_known.assign(cap, true);
+    b.x_at.assign(buckets, loc_x);
+    b.y_at.assign(buckets, loc_y);
     b.last_use.assign(buckets, 0);
     b.seq.assign(buckets, 0);
     if (!b.spec.lazy)
@@ -2282,6 +2752,9 @@ class Model {
     const std::size_t rows = i < 0 ? op.n : b.spec.ladder[static_cast<std::size_t>(i)];
     std::set<u64> touched{res_bucket(b.id)};
     if (i >= 0) pool_resources(b.pool, touched);
+    if (i >= 0 && b.captured[static_cast<std::size_t>(i)])  // slot buffers a rebind moved the bucket to
+      for (int loc : {b.x_at[static_cast<std::size_t>(i)], b.y_at[static_cast<std::size_t>(i)]})
+        if (loc != loc_x && loc != loc_y) buffer_resources(loc, touched);
     issue(op, stream_uid(op.stream), touched);
     if (i >= 0 && !b.captured[static_cast<std::size_t>(i)]) {
       if (op.z != 0) {
@@ -2291,13 +2764,14 @@ class Model {
       }
       bucket_capture(b, i);
     }
-    if (staged) {
+    if (staged) {  // into x where the bucket's rebinds moved it (a run above the ladder: x itself)
+      const int xl = i < 0 ? loc_x : b.x_at[static_cast<std::size_t>(i)];
       stats_.bucket_staged_runs += 1;
       if (b.spec.zero_fill && rows > op.n) {
         stats_.bucket_zero_fills += 1;
-        for (std::size_t e = b.spec.k * op.n; e < b.spec.k * rows; ++e) b.x[e] = 0;
+        for (std::size_t e = b.spec.k * op.n; e < b.spec.k * rows; ++e) bucket_set(b, xl, e, true, 0);
       }
-      for (std::size_t e = 0; e < b.spec.k * op.n; ++e) b.x[e] = sequence(op.x, op.y).at(e);
+      for (std::size_t e = 0; e < b.spec.k * op.n; ++e) bucket_set(b, xl, e, true, sequence(op.x, op.y).at(e));
     }
     if (i < 0) {
       stats_.bucket_eager_runs += 1;
@@ -2305,13 +2779,14 @@ class Model {
         op.expect = Outcome::User;  // the body throws before it issues anything (the copies ran)
         return;
       }
-      bucket_body(b, rows);
+      bucket_body(b, rows, -1);
       return;
     }
     bucket_touch(b, i);
     stats_.bucket_shared_runs += b.spec.share;
+    stats_.bucket_runs_rebound += b.x_at[static_cast<std::size_t>(i)] != loc_x || b.y_at[static_cast<std::size_t>(i)] != loc_y;
     clobber(b.pool, b.seq[static_cast<std::size_t>(i)]);
-    bucket_body(b, rows);
+    bucket_body(b, rows, i);
   }
 
   // ---- PiecewiseGraph ----
@@ -2369,6 +2844,7 @@ class Model {
       return;
     }
     if (!piece_replayable(p)) fail("replay of a PiecewiseGraph whose buffer is gone");
+    stats_.piece_replays_after_rebind += p.rebinds > 0;
     std::set<u64> touched;
     for (const PieceM& piece : p.pieces) replay_resources(piece.program, p.pool, touched);
     issue(op, stream_uid(op.stream), touched);
@@ -2504,6 +2980,9 @@ class Model {
       case OpKind::PieceAppend: apply_piece_append(op); break;
       case OpKind::PieceReplay: apply_piece_replay(op); break;
       case OpKind::PieceDestroy: s_.pieces[op.a] = PiecewiseM{}; break;
+      case OpKind::Rebind: apply_rebind(op); break;
+      case OpKind::PieceRebind: apply_piece_rebind(op); break;
+      case OpKind::BucketRebind: apply_bucket_rebind(op); break;
       case OpKind::Quiesce: {
         op.syncs.push_back(-1);
         device_sync();

@@ -13,8 +13,8 @@
 // (default 120), printing the trace: a hang fails instead of blocking the suite.
 // TENSORPLAY_MODEL_WITHOUT=<names> leaves out operations, statements or capture variants (by the
 // names the trace prints; also "stage", "stage_conditional", "capture_pool_override", and the
-// checks "update_outcome", "pool_bytes", "default_pool_bytes", "retained"), e.g. while a known
-// defect is fixed.
+// checks "update_outcome", "pool_bytes", "default_pool_bytes", "retained", "rebind_nodes"), e.g.
+// while a known defect is fixed.
 //
 // The model is exact because of its ordering rule (see model_host.hpp): before work on one
 // stream touches what unfinished work on another stream touches, that other stream is
@@ -60,6 +60,14 @@
 //  A14 A replay into a capture (a child-graph node) keeps working after the inner Graph died,
 //     also inside conditional bodies; a graph with conditional nodes, or without a capture, is
 //     refused with usage_error and the capture goes on.
+//  A15 Graph::rebind(from, to) (and PiecewiseGraph's, over its segments; GraphBuckets', over its
+//     captured buckets) needs no synchronisation: launches already issued keep their buffers.
+//     RebindResult::nodes counts the kernel nodes with a parameter in `from` (a Temp statement is
+//     two kernels), nested copies included; the graph's own temporaries and staging nodes are not
+//     the test's buffers (the generator names no memory where temporaries may lie). A node of a
+//     nested copy changes too (through cudaGraphExecUpdate, which CUDA accepts for child graphs
+//     outside conditional bodies). After it, stage_and_launch copies a static buffer named as
+//     captured to where the rebinds moved it; with a `to` larger than `from`, into its front.
 #include "model_host.hpp"
 #include "support.hpp"
 
@@ -606,6 +614,17 @@ class Executor {
         expect_call(op.expect, "PiecewiseGraph::replay", [&] { piece(op.a).replay(stream(op.stream)); });
         break;
       case mdl::OpKind::PieceDestroy: pieces_[static_cast<std::size_t>(op.a)].reset(); break;
+      case mdl::OpKind::Rebind: rebind_on(graph(op.a), op, "g" + std::to_string(op.a) + ".rebind"); break;
+      case mdl::OpKind::PieceRebind: rebind_on(piece(op.a), op, "p" + std::to_string(op.a) + ".rebind (PiecewiseGraph)"); break;
+      case mdl::OpKind::BucketRebind: {
+        BucketSlot& b = buckets_[static_cast<std::size_t>(op.a)];
+        if (!b.b) {
+          fail("bucket slot " + std::to_string(op.a) + " is empty here but not in the model");
+          break;
+        }
+        rebind_on(*b.b, op, "k" + std::to_string(op.a) + ".rebind (GraphBuckets)", &b);
+        break;
+      }
     }
   }
 
@@ -730,8 +749,9 @@ class Executor {
       for (int which = 0; which < 2 && error_.empty(); ++which) {
         const std::vector<int> got = (which == 0 ? *b.x : *b.y).to_host(checker_);
         const std::vector<mdl::u32>& want = which == 0 ? m.x : m.y;
+        const std::vector<bool>& known = which == 0 ? m.x_known : m.y_known;  // not: read from a rebound buffer of unknown value
         for (std::size_t e = 0; e < want.size(); ++e)
-          if (static_cast<mdl::u32>(got[e]) != want[e]) {
+          if (known[e] && static_cast<mdl::u32>(got[e]) != want[e]) {
             fail(std::string("buckets k") + std::to_string(i) + (which == 0 ? " x[" : " y[") + std::to_string(e) + "] is " +
                  std::to_string(static_cast<mdl::u32>(got[e])) + ", the model says " + std::to_string(want[e]));
             break;
@@ -1367,6 +1387,35 @@ class Executor {
     }
   }
 
+  // ---- rebind ----
+
+  //! The buffer a rebind names: a buffer slot, or (GraphBuckets) the buckets' own x or y.
+  tp::DeviceTensor<int>& rebind_buffer(int name, BucketSlot* bucket) {
+    if (bucket != nullptr && name == mdl::bucket_x) return *bucket->x;
+    if (bucket != nullptr && name == mdl::bucket_y) return *bucket->y;
+    return buffer(name);
+  }
+
+  //! Graph::rebind, PiecewiseGraph::rebind or GraphBuckets::rebind (`target`) of op: the buffers
+  //! as drawn (sub 0), a `to` cut shorter than `from` (1), or two overlapping spans of `from` (2);
+  //! the outcome the model expects, and the nodes it counted (op.y: when it could count them).
+  template <class Target>
+  void rebind_on(Target& target, const mdl::Op& op, const std::string& step, BucketSlot* bucket = nullptr) {
+    tp::DeviceTensor<int>& from = rebind_buffer(op.b, bucket);
+    tp::DeviceTensor<int>& to = rebind_buffer(static_cast<int>(op.x), bucket);
+    std::optional<tp::RebindResult> result;
+    expect_call(op.expect, step, [&] {
+      switch (op.sub) {
+        case 0: result = target.rebind(from, to); break;
+        case 1: result = target.rebind(from, std::span<int>(to.data(), std::min(to.size(), from.size() - 1))); break;
+        default: result = target.rebind(std::span<int>(from.data(), from.size() - 1), std::span<int>(from.data() + 1, from.size() - 1)); break;
+      }
+    });
+    if (result && op.y != 0 && result->nodes != op.n)
+      fail(step + ": RebindResult::nodes is " + std::to_string(result->nodes) + ", the model counts " + std::to_string(op.n) +
+           " nodes that use `from`");
+  }
+
   // Declaration order = reverse destruction order: graphs die first, then tensors, streams, pools.
   tp::Stream checker_;  // compares; never destroyed during the run
   tp::DeviceTensor<bool> bad_;
@@ -1414,7 +1463,13 @@ std::string stats_line(const mdl::Stats& s) {
       << s.retained_alive << '/' << s.retained_released << '/' << s.retained_unknown << "\nbuckets: captures " << s.bucket_captures
       << ", evictions " << s.bucket_evictions << ", eager runs " << s.bucket_eager_runs << ", staged runs " << s.bucket_staged_runs
       << ", zero-filled tails " << s.bucket_zero_fills << ", shared-executable runs " << s.bucket_shared_runs << ", bodies thrown "
-      << s.bucket_throws << "; piecewise replays " << s.piece_replays << ", steps run " << s.piece_steps;
+      << s.bucket_throws << "; piecewise replays " << s.piece_replays << ", steps run " << s.piece_steps
+      << "\nrebinds that moved nodes/moved none/uncounted " << s.rebinds_moved << '/' << s.rebinds_unused << '/' << s.rebinds_uncounted
+      << ", to a larger buffer " << s.rebinds_to_larger << ", of nested nodes " << s.rebinds_of_nested_nodes << "; rebound graphs: replays "
+      << s.replays_after_rebind << ", staged into a moved buffer " << s.staged_into_rebound << ", nested copies " << s.nested_copies_of_rebound
+      << ", updates " << s.updates_after_rebind << ", buffers destroyed " << s.rebound_buffers_destroyed << "; partial writes "
+      << s.partial_writes << "; piecewise rebinds " << s.piece_rebinds_moved << " (replays after " << s.piece_replays_after_rebind
+      << "), bucket rebinds " << s.bucket_rebinds_moved << " (runs after " << s.bucket_runs_rebound << ")";
   return out.str();
 }
 
@@ -1490,6 +1545,21 @@ BOOST_AUTO_TEST_CASE(model_is_deterministic_per_seed_and_never_predicts_an_impos
       {"bucket bodies that threw", stats.bucket_throws},
       {"piecewise replays", stats.piece_replays},
       {"piecewise eager steps run", stats.piece_steps},
+      {"rebinds that moved nodes", stats.rebinds_moved},
+      {"rebinds of a buffer no node uses", stats.rebinds_unused},
+      {"rebinds onto a larger buffer", stats.rebinds_to_larger},
+      {"rebinds of nodes of a nested copy", stats.rebinds_of_nested_nodes},
+      {"rebinds of graphs that cannot replay (nodes not counted)", stats.rebinds_uncounted},
+      {"replays of rebound graphs", stats.replays_after_rebind},
+      {"staged copies into where a rebind moved the static buffer", stats.staged_into_rebound},
+      {"nested copies of rebound graphs", stats.nested_copies_of_rebound},
+      {"updates of rebound graphs (rebinds dropped)", stats.updates_after_rebind},
+      {"buffers of rebound graphs destroyed", stats.rebound_buffers_destroyed},
+      {"kernels writing the front of a larger rebound buffer", stats.partial_writes},
+      {"piecewise rebinds that moved nodes", stats.piece_rebinds_moved},
+      {"piecewise replays after a rebind", stats.piece_replays_after_rebind},
+      {"bucket rebinds that moved nodes", stats.bucket_rebinds_moved},
+      {"runs of rebound buckets", stats.bucket_runs_rebound},
   };
   for (const auto& [what, count] : situations) BOOST_TEST(count > 0, what);
 }

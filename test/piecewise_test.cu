@@ -1,13 +1,16 @@
 // Tests for tensorplay/graph/piecewise.hpp: PiecewiseGraph, and GraphBuckets whose buckets are
-// piecewise (body(PiecewiseGraph&, size)).
+// piecewise (body(PiecewiseGraph&, size)); segments that take their Graph (conditional nodes).
 #include "support.hpp"
 
 #include <tensorplay/graph.hpp>
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace tp = tensorplay;
@@ -199,6 +202,109 @@ TP_GPU_TEST(piecewise_buckets_run_segments_and_steps_of_their_size) {
   BOOST_TEST(buckets.executables() == 3u);
   BOOST_TEST(pools.size() == 4u);      // buckets 4, 8, 1, and the eager run of 11
   for (std::size_t k = 0; k < 3; ++k) BOOST_TEST((pools[k] == buckets.pool()));
+}
+
+// ---- segments that take their Graph (conditional nodes) -------------------------------------
+
+namespace {
+
+__global__ void decide(const int* x, tp::ConditionalHandle h) { h.set(*x > 0 ? 1u : 0u); }
+__global__ void set_value(int* out, int value) { *out = value; }
+
+}  // namespace
+
+// segment, eager step, segment with an if_ on a handle, segment: the eager step writes the
+// value the segment's kernel decides from, so the decision changes from one replay to the next.
+TP_GPU_TEST(segment_that_takes_the_graph_runs_an_if_on_a_handle_decided_by_data) {
+  Log log;
+  tp::DeviceTensor<int> x(1, log.stream);
+  int decision = 0;  // what the eager step writes into x at each replay
+  tp::PiecewiseGraph pieces;
+  pieces.capture([&](tp::StreamRef s) { log.add(s, 1); }, {.stream = log.stream});
+  pieces.eager([&](tp::StreamRef s) {
+    set_value<<<1, 1, 0, s>>>(x.data(), decision);
+    BOOST_REQUIRE_EQUAL(cudaGetLastError(), cudaSuccess);
+    log.add(s, 2);
+  });
+  pieces.capture([&](tp::Graph& graph, tp::StreamRef s) {
+    auto h = graph.conditional_handle();
+    decide<<<1, 1, 0, s>>>(x.data(), h);  // sets h from x
+    BOOST_REQUIRE_EQUAL(cudaGetLastError(), cudaSuccess);
+    graph.if_(h, [&](tp::StreamRef b) { log.add(b, 3); });
+  }, {.stream = log.stream});
+  pieces.capture([&](tp::StreamRef s) { log.add(s, 4); }, {.stream = log.stream});
+  BOOST_TEST(pieces.segments() == 4u);
+  BOOST_TEST(log.read().empty());  // appending ran nothing
+  std::vector<int> want;
+  for (int d : {1, 0, 5, -2, 1}) {
+    decision = d;
+    pieces.replay(log.stream);
+    want.insert(want.end(), {1, 2});
+    if (d > 0) want.push_back(3);
+    want.push_back(4);
+  }
+  BOOST_TEST(log.read() == want, boost::test_tools::per_element());
+}
+
+// A piecewise bucket whose last segment takes its Graph and uses the predicate form,
+// graph.if_(bool tensor, ...). Above the ladder the bucket runs eagerly until that segment,
+// which throws usage_error; the buckets work afterwards.
+TP_GPU_TEST(piecewise_bucket_segment_that_takes_the_graph_uses_a_predicate_and_cannot_run_eagerly) {
+  const std::vector<std::size_t> ladder{1, 2, 4, 8};
+  tp::Stream stream;
+  tp::DeviceTensor<bool> flag(1, stream);
+  tp::DeviceTensor<float> y(16, stream);
+  std::vector<std::size_t> step_runs;  // the size of every eager step run
+  auto body = [&](tp::PiecewiseGraph& pieces, std::size_t size) {
+    pieces.capture([&, size](tp::StreamRef s) { tp_test::fill(y.data(), size, static_cast<float>(size), s); });
+    pieces.eager([&, size](tp::StreamRef s) {
+      step_runs.push_back(size);
+      tp_test::add(y.data(), size, 10.0f, s);
+    });
+    pieces.capture([&, size](tp::Graph& graph, tp::StreamRef) {
+      graph.if_(flag, [&, size](tp::StreamRef b) { tp_test::add(y.data(), size, 100.0f, b); });
+    });
+  };
+  tp::GraphBuckets buckets(ladder, body);
+  // y after a run of `ran`: ran + 10 (+ 100 with the flag) in front, -1 behind.
+  auto expect_y = [&](std::size_t ran, float front) {
+    std::vector<float> want(y.size(), -1.0f);
+    std::fill(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(ran), front);
+    BOOST_TEST(y.to_host(stream) == want, boost::test_tools::per_element());
+  };
+  const std::vector<std::pair<std::size_t, bool>> runs{{3, true}, {3, false}, {8, true}, {1, false}, {4, true}};
+  for (const auto& [n, on] : runs) {
+    BOOST_TEST_CONTEXT("batch " << n << ", flag " << on) {
+      tp_test::fill(y.data(), y.size(), -1.0f, stream);
+      tp_test::fill(flag.data(), 1, on, stream);
+      const std::size_t ran = buckets.run(n, stream);
+      BOOST_TEST(ran == buckets.bucket_for(n));
+      BOOST_TEST(step_runs.back() == ran);
+      expect_y(ran, static_cast<float>(ran) + 10.0f + (on ? 100.0f : 0.0f));
+    }
+  }
+  BOOST_TEST(buckets.executables() == 3u);
+
+  tp_test::fill(y.data(), y.size(), -1.0f, stream);
+  tp_test::fill(flag.data(), 1, true, stream);
+  step_runs.clear();
+  try {
+    buckets.run(11, stream);
+    BOOST_FAIL("run(11) above the ladder must throw usage_error");
+  } catch (const tp::usage_error& e) {
+    const std::string what = e.what();
+    BOOST_TEST_MESSAGE(what);
+    BOOST_TEST(what.find("cannot run eagerly") != std::string::npos);
+    BOOST_TEST(what.find("Overflow::Throw") != std::string::npos);
+  }
+  BOOST_TEST(tp_test::not_capturing(stream));
+  BOOST_TEST(step_runs == (std::vector<std::size_t>{11}));  // the pieces before that segment ran
+  expect_y(11, 21.0f);
+  BOOST_TEST(buckets.executables() == 3u);
+
+  tp_test::fill(y.data(), y.size(), -1.0f, stream);
+  BOOST_TEST(buckets.run(2, stream) == 2u);  // captures bucket 2
+  expect_y(2, 112.0f);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

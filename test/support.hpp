@@ -130,6 +130,36 @@ inline bool not_capturing(cudaStream_t stream) {
   return cudaStreamIsCapturing(stream, &status) == cudaSuccess && status == cudaStreamCaptureStatusNone;
 }
 
+//! Runs `work`, which must throw capture_error; returns it.
+template <class F>
+tensorplay::capture_error expect_capture_error(F&& work) {
+  try {
+    work();
+  } catch (const tensorplay::capture_error& e) {
+    BOOST_TEST_MESSAGE("capture_error: " << e.what());
+    return e;
+  } catch (const std::exception& e) {
+    BOOST_FAIL("expected capture_error, got: " << e.what());
+  }
+  BOOST_FAIL("expected capture_error, nothing was thrown");
+  throw 0;  // not reached
+}
+
+//! Runs `work`, which must throw usage_error; returns its message.
+template <class F>
+std::string expect_usage_error(F&& work) {
+  try {
+    work();
+  } catch (const tensorplay::usage_error& e) {
+    BOOST_TEST_MESSAGE("usage_error: " << e.what());
+    return e.what();
+  } catch (const std::exception& e) {
+    BOOST_FAIL("expected usage_error, got: " << e.what());
+  }
+  BOOST_FAIL("expected usage_error, nothing was thrown");
+  throw 0;  // not reached
+}
+
 //! A path in the temporary directory, unique to this process.
 inline std::filesystem::path temp_path(const std::string& name) {
   return std::filesystem::temp_directory_path() / ("tensorplay_" + std::to_string(::getpid()) + "_" + name);

@@ -54,11 +54,14 @@ void concept_cases(tp::Graph& graph, tp::DeviceTensor<bool>& flag, tp::DeviceTen
   graph.stage_and_launch(std::tie(a, b), std::tie(a));
 #elif defined(TENSORPLAY_COMPILE_CASE_host_vector_as_tensor_concept)
   static_assert(tensorplay::Tensor<std::vector<float>>);
+#elif defined(TENSORPLAY_COMPILE_CASE_rebind_other_element_type)
+  (void)graph.rebind(a, index);
 #else
   graph.if_(flag, body);
   graph.while_(flag, body);
   graph.switch_(index, body, body);
   graph.stage_and_launch(std::tie(a), std::tie(b));
   graph.stage_and_launch(std::tie(a, b), std::tie(b, a));
+  (void)graph.rebind(a, b);
 #endif
 }

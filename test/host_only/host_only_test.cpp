@@ -97,6 +97,26 @@ HOST_GPU_TEST(conditional_nodes_with_tensor_predicates_from_a_cpp_file) {
   BOOST_TEST(host(chosen, stream)[0] == 0x02020202);
 }
 
+HOST_GPU_TEST(a_handle_made_in_a_cpp_file_is_set_by_a_kernel_compiled_elsewhere) {
+  tp::Stream stream;
+  tp::DeviceTensor<int> counter(1, stream);
+  tp::DeviceTensor<int> sum(1, stream);
+  const int four = 4;
+  const int zero = 0;
+  tp::Graph graph;
+  graph.capture(
+      [&](tp::StreamRef s) {
+        const tp::ConditionalHandle loop = graph.conditional_handle(1);  // a do-while
+        graph.while_(loop, [&](tp::StreamRef body) { host_only::count_down_setting(counter.data(), sum.data(), 3, loop.native(), body); });
+      },
+      {.stream = stream});
+  BOOST_TEST(graph.node_count() == 1u);  // the while node alone: no kernel of the library's
+  counter.copy_from_host(std::span<const int>(&four, 1), stream);
+  sum.copy_from_host(std::span<const int>(&zero, 1), stream);
+  graph.replay(stream);
+  BOOST_TEST(host(sum, stream)[0] == 4 * 3);
+}
+
 HOST_GPU_TEST(stage_and_launch_from_a_cpp_file) {
   tp::Stream stream;
   tp::DeviceTensor<int> x(n, stream);

@@ -15,7 +15,17 @@ __global__ void count_down_kernel(int* counter, bool* more, int* sum, int step) 
   *more = *counter > 0;
 }
 
+__global__ void count_down_setting_kernel(int* counter, int* sum, int step, cudaGraphConditionalHandle loop) {
+  *sum += step;
+  *counter -= 1;
+  cudaGraphSetConditional(loop, *counter > 0 ? 1u : 0u);
+}
+
 }  // namespace
+
+void count_down_setting(int* counter, int* sum, int step, cudaGraphConditionalHandle loop, cudaStream_t stream) {
+  count_down_setting_kernel<<<1, 1, 0, stream>>>(counter, sum, step, loop);
+}
 
 void affine(const int* in, int* out, std::size_t n, int a, int b, cudaStream_t stream) {
   affine_kernel<<<static_cast<unsigned>(n / 256 + 1), 256, 0, stream>>>(in, out, n, a, b);

@@ -13,5 +13,8 @@ namespace host_only {
 void affine(const int* in, int* out, std::size_t n, int a, int b, cudaStream_t stream);
 //! *counter -= 1; *more = *counter > 0; *sum += step.
 void count_down(int* counter, bool* more, int* sum, int step, cudaStream_t stream);
+//! *counter -= 1; *sum += step; sets `loop` (a conditional handle made in a .cpp file) to
+//! *counter > 0, as kernels written for raw CUDA graphs do.
+void count_down_setting(int* counter, int* sum, int step, cudaGraphConditionalHandle loop, cudaStream_t stream);
 
 }  // namespace host_only
