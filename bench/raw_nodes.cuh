@@ -1,6 +1,6 @@
 // bench/raw_nodes.cuh: nodes of raw CUDA graphs built by hand, with the graph API only (no
-// tensorplay): a kernel node's and a memset node's parameters, a conditional node of one body,
-// and a kernel whose parameters are as large as a case asks. Shared by bench/conditionals_bench.cu,
+// tensorplay): a kernel node's and a memset node's parameters, a conditional node of one body or
+// of several, and a kernel whose parameters are as large as a case asks. Shared by bench/conditionals_bench.cu,
 // test/memory_test.cu and tools/probes/exec_memory_probe.cu and cond_memcheck.cu. The calls
 // return the CUDA status: each caller checks it its own way.
 #pragma once
@@ -62,6 +62,27 @@ inline cudaError_t add_conditional(cudaGraphNode_t* node, cudaGraph_t* body, cud
   const cudaError_t status = cudaGraphAddNode_v2(node, graph, dependencies, nullptr, count, &params);
 #endif
   if (status == cudaSuccess) *body = params.conditional.phGraph_out[0];
+  return status;
+}
+
+//! add_conditional with `size` bodies: an if node with a then and an else body (2), a switch
+//! node with one body per case (more than one body needs CUDA 12.8). `bodies[0..size)` get the
+//! body graphs, only on success.
+inline cudaError_t add_conditional_bodies(cudaGraphNode_t* node, cudaGraph_t* bodies, unsigned size, cudaGraph_t graph,
+                                          cudaGraphConditionalHandle handle, cudaGraphConditionalNodeType type,
+                                          const cudaGraphNode_t* dependencies, std::size_t count) {
+  cudaGraphNodeParams params{};
+  params.type = cudaGraphNodeTypeConditional;
+  params.conditional.handle = handle;
+  params.conditional.type = type;
+  params.conditional.size = size;
+#if CUDART_VERSION >= 13000
+  const cudaError_t status = cudaGraphAddNode(node, graph, dependencies, nullptr, count, &params);
+#else
+  const cudaError_t status = cudaGraphAddNode_v2(node, graph, dependencies, nullptr, count, &params);
+#endif
+  if (status == cudaSuccess)
+    for (unsigned i = 0; i < size; ++i) bodies[i] = params.conditional.phGraph_out[i];
   return status;
 }
 
