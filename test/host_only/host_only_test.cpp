@@ -105,7 +105,7 @@ HOST_GPU_TEST(a_handle_made_in_a_cpp_file_is_set_by_a_kernel_compiled_elsewhere)
   const int zero = 0;
   tp::Graph graph;
   graph.capture(
-      [&](tp::StreamRef s) {
+      [&](tp::StreamRef) {
         const tp::ConditionalHandle loop = graph.conditional_handle(1);  // a do-while
         graph.while_(loop, [&](tp::StreamRef body) { host_only::count_down_setting(counter.data(), sum.data(), 3, loop.native(), body); });
       },
