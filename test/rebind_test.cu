@@ -638,7 +638,9 @@ TP_GPU_TEST(graphs_on_several_threads_rebind_and_replay_their_own_buffers) {
         tp_test::fill(a.data(), n, 0.0f, stream);
         tp_test::fill(b.data(), n, 0.0f, stream);
         tp::Graph graph;
-        graph.capture([&](tp::StreamRef s) { tp_test::add(a.data(), n, 1.0f, s); }, {.stream = stream});
+        // Thread-local: the other threads' synchronisations must not break this capture.
+        graph.capture([&](tp::StreamRef s) { tp_test::add(a.data(), n, 1.0f, s); },
+                      {.capture_error_mode = tp::CaptureErrorMode::ThreadLocal, .stream = stream});
         for (int r = 0; r < rounds; ++r) {
           graph.replay(stream);                                    // a
           if (graph.rebind(a, b).nodes != 1) ++failures;
